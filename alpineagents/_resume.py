@@ -1,0 +1,82 @@
+"""What a loaded State does with the steps that were running when its process stopped.
+
+A killed process leaves history as its last save left it. Loading continues from there:
+
+* entries saved after the snapshot (a tool result saved alone) are replayed as they are;
+* replay stops at an entry that cannot be replayed (a compaction, which only the snapshot
+  makes effective): the entries from there on stay in history but leave the model's context,
+  and a notice tells the model which tool calls among them may or may not have run;
+* a tool call without a saved result gets the "(unknown: …)" result and is not run again.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from alpineagents.state import (
+    MODEL,
+    NOTICE,
+    TASK,
+    TOOL_RESULT,
+    USER,
+    HistoryEntry,
+    State,
+    tool_calls,
+)
+
+UNKNOWN_RESULT: Final = (
+    "(unknown: the run stopped before this result was saved, so the tool may or may not have "
+    "run. Check whether it took effect before relying on it or running it again)"
+)
+
+# Built-in calls have no side effects: a loaded State handles them again instead.
+BUILTIN_TOOLS: Final = frozenset({"finish", "ask"})
+
+_REPLAYABLE: Final = frozenset({TASK, USER, MODEL, TOOL_RESULT, NOTICE})
+
+
+def continue_loaded(state: State, covered: int) -> None:
+    """Continue a State just read from a store whose snapshot accounts for ``covered`` entries."""
+    history = state.history
+    stop = next((e.seq for e in history[covered:] if e.kind not in _REPLAYABLE), None)
+    if stop is not None:
+        skipped = history[stop:]
+        state.append(
+            NOTICE, missing_steps_notice(skipped), {"skipped": [stop, len(history)]}
+        )
+    for call in state.open_calls():
+        if call["name"] not in BUILTIN_TOOLS:
+            state.append(
+                TOOL_RESULT,
+                UNKNOWN_RESULT,
+                {"call_id": call["id"], "name": call["name"], "is_error": False, "unknown": True},
+            )
+
+
+def missing_steps_notice(skipped: list[HistoryEntry]) -> str:
+    """The notice for entries that were saved but cannot be replayed."""
+    first = skipped[0]
+    calls = [
+        f"{call['name']}({json.dumps(call.get('input', {}), ensure_ascii=False)})"
+        for entry in skipped
+        if entry.kind == MODEL
+        for call in tool_calls(entry)
+        if call["name"] not in BUILTIN_TOOLS
+    ]
+    messages = [repr(e.text) for e in skipped if e.kind == USER]
+    parts = [
+        f"(notice: the run stopped while it was being saved. The steps saved from entry "
+        f"{first.seq} on ({first.kind} and after) could not be replayed, so the conversation "
+        "continues from the last complete save and those steps are missing here."
+    ]
+    if calls:
+        parts.append(
+            "These tool calls may or may not have run: " + "; ".join(calls) + ". Check whether "
+            "they took effect before relying on them or running them again."
+        )
+    else:
+        parts.append("No tool calls were among the missing steps.")
+    if messages:
+        parts.append("The person's messages among them: " + "; ".join(messages) + ".")
+    return " ".join(parts) + ")"

@@ -1,0 +1,201 @@
+"""The one serialiser: a State to (entries, snapshot) and back.
+
+Every store keeps what this module produces and nothing else: history entries as small JSON
+dicts (each with its ``seq``) and one snapshot dict with the rest of the State. Both carry the
+schema version, so a newer format is refused instead of misread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from datetime import datetime
+from typing import Any, Final
+
+from pydantic import BaseModel
+
+from alpineagents.errors import CorruptStateError, SchemaVersionError
+from alpineagents.state import HistoryEntry, State, validate_id
+
+SCHEMA_VERSION: Final = 1
+
+_SNAPSHOT_KEYS: Final = ("id", "task", "entries", "data", "created_at", "updated_at")
+
+
+def check_json(value: Any, path: str) -> Any:
+    """Return ``value`` as plain JSON (tuples become lists), or raise ``TypeError``.
+
+    ``path`` names the value in messages, e.g. ``data["a"][2]``.
+    """
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError(f"{path} is {value!r}, which JSON cannot hold")
+        return value
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"{path} has the key {key!r} ({type(key).__name__}): "
+                    "JSON object keys must be strings"
+                )
+            out[key] = check_json(item, f"{path}[{key!r}]")
+        return out
+    if isinstance(value, list | tuple):
+        return [check_json(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    raise TypeError(
+        f"{path} is a {type(value).__name__}, not a JSON value: a State keeps only dicts with "
+        "string keys, lists, strings, numbers, booleans and None"
+    )
+
+
+def answer_to_json(value: Any, path: str = "answer") -> Any:
+    """An answer as JSON: pydantic models and dataclasses become dicts, the rest must be JSON."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return check_json(dataclasses.asdict(value), path)
+    return check_json(value, path)
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact UTF-8 JSON, the bytes every store keeps."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def loads(raw: bytes | str, where: str) -> Any:
+    """Parse JSON kept by a store; ``where`` names the object in the error."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptStateError(f"{where} is not valid JSON: {e}") from e
+
+
+# Entries ----------------------------------------------------------------------------------
+
+
+def entry_to_dict(entry: HistoryEntry) -> dict[str, Any]:
+    """One history entry as a JSON dict (``error`` is not kept; ``text`` describes it)."""
+    return {
+        "v": SCHEMA_VERSION,
+        "seq": entry.seq,
+        "kind": entry.kind,
+        "text": entry.text,
+        "at": entry.at.isoformat(),
+        "data": entry.data,
+    }
+
+
+def entry_from_dict(raw: Any, where: str) -> HistoryEntry:
+    """Rebuild a history entry; ``where`` names it in errors."""
+    if not isinstance(raw, dict):
+        raise CorruptStateError(f"{where} is not an alpineagents history entry")
+    _check_version(raw, where)
+    try:
+        seq, kind, text, at, data = raw["seq"], raw["kind"], raw["text"], raw["at"], raw["data"]
+        ok = (
+            isinstance(seq, int)
+            and seq >= 0
+            and isinstance(kind, str)
+            and isinstance(text, str)
+            and isinstance(data, dict)
+        )
+        when = datetime.fromisoformat(at)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptStateError(f"{where} is not an alpineagents history entry: {e!r}") from e
+    if not ok:
+        raise CorruptStateError(f"{where} is not an alpineagents history entry")
+    return HistoryEntry(seq, kind, text, data, None, when)
+
+
+# Snapshots --------------------------------------------------------------------------------
+
+
+def snapshot_of(state: State) -> dict[str, Any]:
+    """The State without its history, as JSON. Raises ``TypeError`` for non-JSON values.
+
+    The snapshot holds the number of history entries it accounts for, not the entries
+    themselves, so its size does not grow with the conversation.
+    """
+    return {
+        "v": SCHEMA_VERSION,
+        "id": state.id,
+        "task": state.task,
+        "entries": len(state.history),
+        "data": check_json(state.data, "state.data"),
+        "stopped_by": state.stopped_by,
+        "stop_seq": state._stop_seq,
+        "answer": answer_to_json(state.answer, "state.answer"),
+        "agent": state._agent_fingerprint,
+        "created_at": state.created_at.isoformat(),
+        "updated_at": state.updated_at.isoformat(),
+    }
+
+
+def same_snapshot(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two snapshots differ only in ``updated_at``."""
+    if a is None or b is None:
+        return a is b
+    return {k: v for k, v in a.items() if k != "updated_at"} == {
+        k: v for k, v in b.items() if k != "updated_at"
+    }
+
+
+def state_from_record(state_id: str, entries: list[dict[str, Any]], snapshot: Any) -> State:
+    """Rebuild a State from what a store read; the steps after the last save are continued.
+
+    Entries saved after the snapshot (a tool result saved alone) are replayed; see
+    :func:`alpineagents._resume.continue_loaded` for what happens to calls without a result.
+    """
+    from alpineagents._resume import continue_loaded
+
+    where = f"the snapshot of State {state_id!r}"
+    if not isinstance(snapshot, dict):
+        raise CorruptStateError(f"{where} is not an alpineagents snapshot")
+    _check_version(snapshot, where)
+    missing = [k for k in _SNAPSHOT_KEYS if k not in snapshot]
+    if missing:
+        raise CorruptStateError(f"{where} is not an alpineagents snapshot (no {missing[0]!r})")
+    if snapshot["id"] != state_id:
+        raise CorruptStateError(f"{where} belongs to State {snapshot['id']!r}")
+
+    history = sorted(
+        (entry_from_dict(raw, f"entry {i} of State {state_id!r}") for i, raw in enumerate(entries)),
+        key=lambda e: e.seq,
+    )
+    for position, entry in enumerate(history):
+        if entry.seq != position:
+            problem = "twice" if entry.seq < position else f"but seq {position} is missing"
+            raise CorruptStateError(f"State {state_id!r} has history entry {entry.seq} {problem}")
+    covered = snapshot["entries"]
+    if not isinstance(covered, int) or covered > len(history) or covered < 1:
+        raise CorruptStateError(
+            f"{where} accounts for {covered!r} history entries, but the store has {len(history)}"
+        )
+
+    state = State(snapshot["task"], id=validate_id(state_id), data=snapshot["data"])
+    state.history = history
+    state.stopped_by = snapshot.get("stopped_by")
+    state._stop_seq = snapshot.get("stop_seq")
+    state.answer = snapshot.get("answer")
+    state.created_at = datetime.fromisoformat(snapshot["created_at"])
+    state.updated_at = datetime.fromisoformat(snapshot["updated_at"])
+    state._agent_fingerprint = snapshot.get("agent")
+    state._saved_count = len(history)
+    state._saved_snapshot = snapshot
+    continue_loaded(state, covered)
+    return state
+
+
+def _check_version(obj: dict[str, Any], where: str) -> None:
+    version = obj.get("v")
+    if not isinstance(version, int):
+        raise CorruptStateError(f"{where} has no schema version: not written by alpineagents")
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{where} was written with schema version {version}, newer than this alpineagents "
+            f"reads ({SCHEMA_VERSION}): upgrade alpineagents to load it"
+        )

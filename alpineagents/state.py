@@ -1,0 +1,204 @@
+"""State and HistoryEntry: one run of an agent, as data.
+
+A :class:`State` is everything a run needs to continue in another process: the task, the
+history of every step, the user's ``data``, and how the last run stopped. History entries are
+small records tagged by ``kind``; their ``data`` holds JSON of alpineagents' own, never a model
+SDK's objects, so any store can keep them and any process can read them back.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    from alpineagents.store import Store
+
+__all__ = [
+    "HistoryEntry",
+    "State",
+    "StoppedBy",
+    "validate_id",
+]
+
+StoppedBy = Literal["reply", "finish", "ask", "max_steps"]
+
+# Kinds of history entry.
+TASK: Final = "task"  # the task the State was created with (always seq 0)
+USER: Final = "user"  # a message from the person (data["answers"]: the ask call it answers)
+MODEL: Final = "model"  # one model response (data["content"]: blocks, data["stop_reason"], …)
+TOOL_RESULT: Final = "tool_result"  # one tool call's result (data["call_id"], "name", "is_error")
+COMPACTION: Final = "compaction"  # older context replaced by a summary (text: the summary)
+NOTICE: Final = "notice"  # something the model must be told (data["skipped"]: seqs left out)
+
+_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def validate_id(state_id: object) -> str:
+    """Return ``state_id`` if it is a valid State id, else raise ``ValueError``.
+
+    An id has ASCII letters, digits, ``_`` and ``-``, 1 to 128 characters, so that it is a
+    safe file name and S3 key on every system.
+    """
+    if not isinstance(state_id, str) or not _ID_PATTERN.fullmatch(state_id):
+        raise ValueError(
+            f"invalid State id {state_id!r}: an id has letters, digits, _ and -, "
+            "1 to 128 characters"
+        )
+    return state_id
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware, in UTC."""
+    return datetime.now(UTC)
+
+
+@dataclass(eq=True)
+class HistoryEntry:
+    """One step of a run, in the order it happened.
+
+    Attributes:
+        seq: The entry's position in ``State.history`` (0, 1, 2, …).
+        kind: What the entry records: ``"task"``, ``"user"``, ``"model"``, ``"tool_result"``,
+            ``"compaction"`` or ``"notice"``.
+        text: The entry as text: the message, the model's reply, the tool result, the summary.
+        data: Kind-specific JSON data (the model's content blocks, a tool call's id, …).
+        error: The exception behind an error result while in memory; ``None`` after loading
+            (``text`` still holds the exception type and message).
+        at: When the entry was made (UTC).
+    """
+
+    seq: int
+    kind: str
+    text: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = field(default=None, compare=False, repr=False)
+    at: datetime = field(default_factory=utcnow)
+
+
+class State:
+    """One run of an agent: its task, its history and your ``data``, ready to be saved.
+
+    Args:
+        task: What the agent is asked to do; the first message of the conversation.
+        id: The State's id. Random unless given; letters, digits, ``_`` and ``-``, at most
+            128 characters (``ValueError`` otherwise).
+        data: Your own values, kept with the State. Must hold only JSON values when saved.
+    """
+
+    def __init__(self, task: str, *, id: str | None = None, data: dict[str, Any] | None = None):
+        if not isinstance(task, str):
+            raise TypeError(f"State task must be a str, not {type(task).__name__}")
+        self.id: str = uuid.uuid4().hex if id is None else validate_id(id)
+        self.task: str = task
+        self.data: dict[str, Any] = {} if data is None else data
+        self.history: list[HistoryEntry] = []
+        self.stopped_by: StoppedBy | None = None
+        self.answer: Any = None
+        self.created_at: datetime = utcnow()
+        self.updated_at: datetime = self.created_at
+        # How many history entries the last stop had: running again with nothing added since
+        # returns the same answer without a model request.
+        self._stop_seq: int | None = None
+        # Persistence bookkeeping (never saved): where the State lives and what the store has.
+        self._store: Store | None = None
+        self._saved_count = 0
+        self._saved_snapshot: dict[str, Any] | None = None
+        self._agent_fingerprint: dict[str, Any] | None = None
+        self.append(TASK, task)
+
+    def __repr__(self) -> str:
+        return (
+            f"State(id={self.id!r}, task={_short(self.task)!r}, entries={len(self.history)}, "
+            f"stopped_by={self.stopped_by!r})"
+        )
+
+    def append(
+        self,
+        kind: str,
+        text: str = "",
+        data: dict[str, Any] | None = None,
+        *,
+        error: BaseException | None = None,
+    ) -> HistoryEntry:
+        """Add an entry at the end of ``history`` and return it."""
+        entry = HistoryEntry(len(self.history), kind, text, {} if data is None else data, error)
+        self.history.append(entry)
+        return entry
+
+    def add_user_message(self, text: str) -> None:
+        """Add the person's message to the conversation.
+
+        If the last run stopped with ``ask``, the message is the answer to that question.
+        The message is saved by the next ``run`` or by ``agent.save(state)``.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"a user message must be a str, not {type(text).__name__}")
+        data: dict[str, Any] = {}
+        pending = self.pending_ask()
+        if pending is not None:
+            data["answers"] = pending
+        self.append(USER, text, data)
+
+    # Reading history -------------------------------------------------------------------
+
+    def live_entries(self) -> list[HistoryEntry]:
+        """History without the entries a notice left out of the model's context.
+
+        After a store failed halfway, entries it saved beyond a step that cannot be replayed
+        stay in ``history`` but are no longer part of the conversation.
+        """
+        skipped: set[int] = set()
+        for entry in self.history:
+            if entry.kind == NOTICE and "skipped" in entry.data:
+                start, end = entry.data["skipped"]
+                skipped.update(range(start, end))
+        if not skipped:
+            return self.history
+        return [e for e in self.history if e.seq not in skipped]
+
+    def last_model_entry(self) -> HistoryEntry | None:
+        """The most recent model response in the conversation, or ``None``."""
+        for entry in reversed(self.live_entries()):
+            if entry.kind == MODEL:
+                return entry
+        return None
+
+    def open_calls(self) -> list[dict[str, Any]]:
+        """Tool calls of the last model response that have no result in history yet."""
+        last = self.last_model_entry()
+        if last is None:
+            return []
+        answered = {
+            e.data.get("call_id") if e.kind == TOOL_RESULT else e.data.get("answers")
+            for e in self.live_entries()
+            if e.seq > last.seq and e.kind in (TOOL_RESULT, USER)
+        }
+        return [call for call in tool_calls(last) if call["id"] not in answered]
+
+    def pending_ask(self) -> str | None:
+        """The id of the ``ask`` call waiting for the person's answer, if any."""
+        if self.stopped_by != "ask":
+            return None
+        for call in self.open_calls():
+            if call["name"] == "ask":
+                return str(call["id"])
+        return None
+
+
+def tool_calls(entry: HistoryEntry) -> list[dict[str, Any]]:
+    """The tool calls of a model entry: dicts with ``id``, ``name`` and ``input``."""
+    return [b for b in entry.data.get("content", ()) if b.get("type") == "tool_call"]
+
+
+def iter_kind(history: list[HistoryEntry], kind: str) -> Iterator[HistoryEntry]:
+    """The entries of ``history`` of one kind, in order."""
+    return (e for e in history if e.kind == kind)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

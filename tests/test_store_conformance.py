@@ -1,0 +1,132 @@
+"""The store conformance suite on FileStore and on stores written as a user would."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from alpineagents import FileStore, State, Store
+from alpineagents.testing import StoreConformance
+from tests.memory_store import AsyncMemoryStore, MemoryStore
+
+
+class TestFileStore(StoreConformance):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        return FileStore(tmp_path / "runs")
+
+
+class TestMemoryStore(StoreConformance):
+    @pytest.fixture
+    def store(self) -> Store:
+        return MemoryStore()
+
+
+class TestAsyncOnlyMemoryStore(StoreConformance):
+    modes = ("async",)
+
+    @pytest.fixture
+    def store(self) -> Store:
+        return AsyncMemoryStore()
+
+
+def test_async_only_store_refuses_sync_calls_with_advice() -> None:
+    store = AsyncMemoryStore()
+    with pytest.raises(TypeError, match=r"async-only.*await agent\.arun\(state\)"):
+        store.load("x")
+    with pytest.raises(TypeError, match="async-only"):
+        store.write("x", [], None)
+    assert store.is_async_only and not MemoryStore().is_async_only
+
+
+def test_store_without_methods_says_what_is_missing() -> None:
+    class Empty(Store):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"Empty does not implement read\(\) or aread"):
+        Empty().read("x")
+    with pytest.raises(NotImplementedError, match="list"):
+        Empty().list()
+
+
+BROKEN_STORES = {
+    # Appends entries it already has: the history comes back with seqs twice.
+    "does_not_skip_known_seqs": """
+        def write(self, state_id, entries, snapshot, *, create=False):
+            with self._lock:
+                if create and state_id in self._states:
+                    raise ValueError(state_id)
+                saved, old = self._states.setdefault(state_id, ([], snapshot))
+                saved.extend(entries)
+                self._states[state_id] = (saved, snapshot or old)
+
+        def read(self, state_id):
+            if state_id not in self._states:
+                return None
+            saved, snapshot = self._states[state_id]
+            return Record(list(saved), snapshot)
+    """,
+    # Overwrites a State when a new one is created with its id.
+    "create_overwrites": """
+        def write(self, state_id, entries, snapshot, *, create=False):
+            if create:
+                self._states.pop(state_id, None)
+            if not create and state_id not in self._states:
+                raise KeyError(state_id)
+            saved, old = self._states.setdefault(state_id, ({}, snapshot))
+            for e in entries:
+                saved.setdefault(e["seq"], e)
+            self._states[state_id] = (saved, snapshot or old)
+    """,
+    # Lists oldest first.
+    "lists_oldest_first": """
+        def list(self):
+            return list(reversed(MemoryStore.list(self)))
+    """,
+}
+
+
+@pytest.mark.parametrize("flaw", sorted(BROKEN_STORES))
+def test_suite_fails_on_a_store_that_breaks_the_contract(
+    pytester: pytest.Pytester, flaw: str
+) -> None:
+    body = textwrap.indent(textwrap.dedent(BROKEN_STORES[flaw]), "    ")
+    pytester.makepyfile(
+        test_broken=f"""
+import pytest
+from alpineagents.store import Record
+from alpineagents.testing import StoreConformance
+from tests.memory_store import MemoryStore
+
+class Broken(MemoryStore):
+{body}
+
+class TestBroken(StoreConformance):
+    many_entries = 20
+
+    @pytest.fixture
+    def store(self):
+        return Broken()
+"""
+    )
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 2, result.stdout.str()  # in both modes
+    assert outcomes.get("passed", 0) > 0
+
+
+def test_saving_a_state_in_a_second_store_is_refused(tmp_path: Path) -> None:
+    from alpineagents import _saving
+
+    state = State("task")
+    _saving.save(FileStore(tmp_path / "a"), state)
+    with pytest.raises(ValueError, match="saved in FileStore"):
+        _saving.save(FileStore(tmp_path / "b"), state)
+    # Two FileStore objects for the same folder are the same store.
+    state.add_user_message("more")
+    assert _saving.save(FileStore(tmp_path / "a"), state) is True
+    assert FileStore(tmp_path / "a") == FileStore(str(tmp_path / "x" / ".." / "a"))
+    assert hash(FileStore(tmp_path / "a")) == hash(FileStore(tmp_path / "a"))
