@@ -190,6 +190,19 @@ def state_from_record(state_id: str, entries: list[dict[str, Any]], snapshot: An
     return state
 
 
+def check_stored(obj: Any, where: str) -> dict[str, Any]:
+    """Check that a stored object (entry or snapshot) is one this version can read.
+
+    Returns the object; raises ``CorruptStateError`` for something alpineagents did not
+    write and ``SchemaVersionError`` for a newer schema. ``where`` names the object (a path,
+    a bucket and key) in the message.
+    """
+    if not isinstance(obj, dict):
+        raise CorruptStateError(f"{where} is not an alpineagents object: not a JSON object")
+    _check_version(obj, where)
+    return obj
+
+
 def _check_version(obj: dict[str, Any], where: str) -> None:
     version = obj.get("v")
     if not isinstance(version, int):

@@ -22,11 +22,11 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from alpineagents._serialize import state_from_record
+from alpineagents._serialize import SCHEMA_VERSION, check_stored, state_from_record
 from alpineagents.errors import StateNotFoundError
 from alpineagents.state import State, validate_id
 
-__all__ = ["Record", "SavedState", "Store", "open_store"]
+__all__ = ["SCHEMA_VERSION", "Record", "SavedState", "Store", "check_stored", "open_store"]
 
 
 @dataclass(frozen=True)
