@@ -1,0 +1,196 @@
+"""FileStore on its own: the layout on disk, permissions, torn appends, racing creators, and
+processes killed while writing."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from alpineagents import FileStore, State, StateExistsError
+from alpineagents import _saving
+from alpineagents.state import TOOL_RESULT
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _modes(root: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode)
+        for p in [root, *root.rglob("*")]
+    }
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_files_are_0600_and_folders_0700_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        store = FileStore(tmp_path / "runs")
+        state = State("secret task", id="s")
+        _saving.save(store, state)
+        state.add_user_message("more")
+        _saving.save(store, state)
+    finally:
+        os.umask(old)
+    modes = _modes(tmp_path / "runs")
+    assert modes == {".": 0o700, "s": 0o700, "s/entries.jsonl": 0o600, "s/snapshot.json": 0o600}
+
+
+def test_layout_is_a_folder_per_state(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    for state_id in ("one", "two"):
+        _saving.save(store, State("t", id=state_id))
+    assert sorted(os.listdir(tmp_path)) == ["one", "two"]
+    assert sorted(os.listdir(tmp_path / "one")) == ["entries.jsonl", "snapshot.json"]
+
+
+def test_torn_last_entry_is_dropped_and_cut_before_the_next_append(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="torn")
+    state.add_user_message("whole")
+    _saving.save(store, state)
+    entries = tmp_path / "torn" / "entries.jsonl"
+    with entries.open("ab") as f:
+        f.write(b'{"v":1,"seq":2,"kind":"user","text":"half wri')  # a killed append
+    loaded = store.load("torn")
+    assert [e.text for e in loaded.history] == ["t", "whole"]
+    loaded.add_user_message("after")
+    _saving.save(store, loaded)
+    assert [e.text for e in store.load("torn").history] == ["t", "whole", "after"]
+    assert b"half wri" not in entries.read_bytes()
+
+
+def test_a_damaged_line_in_the_middle_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="bad")
+    state.add_user_message("x")
+    _saving.save(store, state)
+    entries = tmp_path / "bad" / "entries.jsonl"
+    lines = entries.read_bytes().split(b"\n")
+    entries.write_bytes(b"\n".join([b"garbage", *lines[1:]]))
+    with pytest.raises(Exception, match=r"line 1 of .*entries\.jsonl is not valid JSON"):
+        store.load("bad")
+
+
+def test_a_refused_create_leaves_nothing_behind(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    _saving.save(store, State("first", id="x"))
+    with pytest.raises(StateExistsError, match=r"store\.load\('x'\)"):
+        _saving.save(store, State("second", id="x"))
+    assert os.listdir(tmp_path) == ["x"]
+    assert store.load("x").task == "first"
+
+
+def test_list_skips_states_being_created_or_deleted(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    _saving.save(store, State("t", id="real"))
+    (tmp_path / ".half.abc.new").mkdir()
+    (tmp_path / "stray-file").write_text("not a state")
+    assert [s.id for s in store.list()] == ["real"]
+
+
+def test_fsync_mode_writes_the_same(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, fsync=True)
+    state = State("t", id="durable")
+    state.add_user_message("m")
+    _saving.save(store, state)
+    assert [e.text for e in FileStore(tmp_path).load("durable").history] == ["t", "m"]
+
+
+# Several processes -------------------------------------------------------------------------
+
+CREATOR = """
+import sys, time
+from alpineagents import FileStore, State
+from alpineagents import _saving
+store = FileStore(sys.argv[1])
+state = State(f"writer {sys.argv[2]}", id="contested")
+start = float(sys.argv[3])
+while time.time() < start:
+    pass
+try:
+    _saving.save(store, state)
+except ValueError:
+    print("refused")
+else:
+    print("won")
+"""
+
+
+def test_create_is_exclusive_between_processes(tmp_path: Path) -> None:
+    import time
+
+    for round_ in range(5):
+        root = tmp_path / f"round{round_}"
+        start = time.time() + 1.0
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CREATOR, str(root), str(n), str(start)],
+                stdout=subprocess.PIPE, text=True, cwd=REPO,
+            )
+            for n in range(4)
+        ]
+        outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
+        assert sorted(outputs) == ["refused", "refused", "refused", "won"], outputs
+        winner = outputs.index("won")
+        assert FileStore(root).load("contested").task == f"writer {winner}"
+        assert os.listdir(root) == ["contested"]
+
+
+WRITER = """
+import sys
+from alpineagents import FileStore, State
+from alpineagents import _saving
+from alpineagents.state import TOOL_RESULT
+store = FileStore(sys.argv[1])
+try:
+    state = store.load("k")
+except KeyError:
+    state = State("killed writer", id="k")
+    _saving.save(store, state)
+print("ready", len(state.history), flush=True)
+while True:
+    n = len(state.history)
+    state.append(TOOL_RESULT, f"entry {n} " + "x" * (n * 997 % 20000), {"call_id": f"c{n}"})
+    state.data["last"] = n
+    _saving.save(store, state, entries_only=n % 3 == 0)
+"""
+
+
+def _expected_text(n: int) -> str:
+    return f"entry {n} " + "x" * (n * 997 % 20000)
+
+
+@pytest.mark.crash
+def test_killed_writer_never_leaves_a_half_read_entry(tmp_path: Path) -> None:
+    rng = random.Random(42)
+    store = FileStore(tmp_path)
+    saved = 0
+    for _ in range(25):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path)],
+            stdout=subprocess.PIPE, text=True, cwd=REPO,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("ready")
+        import time
+
+        time.sleep(rng.uniform(0, 0.05))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        state = store.load("k")
+        texts = [e.text for e in state.history]
+        assert texts[0] == "killed writer"
+        assert texts[1:] == [_expected_text(n) for n in range(1, len(texts))]
+        assert len(texts) >= saved  # nothing saved is ever lost
+        assert state.data.get("last", 0) <= len(texts) - 1
+        saved = len(texts)
+    assert saved > 25  # the writers did write
