@@ -4,6 +4,8 @@ Give an :class:`Agent` a store and it saves each :class:`State` as the run goes;
 process can load the State later and continue it.
 """
 
+from alpineagents.agent import Agent
+from alpineagents.anthropic import AnthropicModel
 from alpineagents.errors import (
     AlpineAgentsError,
     ConcurrentWriteError,
@@ -15,15 +17,22 @@ from alpineagents.errors import (
     StoreError,
 )
 from alpineagents.filestore import FileStore
+from alpineagents.model import Model, ModelRequest, ModelResponse
 from alpineagents.state import HistoryEntry, State
 from alpineagents.store import Record, SavedState, Store, open_store
+from alpineagents.tools import Tool
 
 __all__ = [
+    "Agent",
+    "AnthropicModel",
     "AlpineAgentsError",
     "ConcurrentWriteError",
     "CorruptStateError",
     "FileStore",
     "HistoryEntry",
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
     "Record",
     "ResumeWarning",
     "SavedState",
@@ -33,5 +42,6 @@ __all__ = [
     "StateNotFoundError",
     "Store",
     "StoreError",
+    "Tool",
     "open_store",
 ]

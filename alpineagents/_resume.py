@@ -42,9 +42,7 @@ def continue_loaded(state: State, covered: int) -> None:
     stop = next((e.seq for e in history[covered:] if e.kind not in _REPLAYABLE), None)
     if stop is not None:
         skipped = history[stop:]
-        state.append(
-            NOTICE, missing_steps_notice(skipped), {"skipped": [stop, len(history)]}
-        )
+        state.append(NOTICE, missing_steps_notice(skipped), {"skipped": [stop, len(history)]})
     for call in state.open_calls():
         if call["name"] not in BUILTIN_TOOLS:
             state.append(

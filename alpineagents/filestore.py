@@ -84,7 +84,9 @@ class FileStore(Store):
             self._append(folder / ENTRIES, entries)
         if snapshot is not None:
             self._replace(folder / SNAPSHOT, dumps(snapshot))
-        logger.debug("saved %d entries of %s (snapshot: %s)", len(entries), state_id, bool(snapshot))
+        logger.debug(
+            "saved %d entries of %s (snapshot: %s)", len(entries), state_id, bool(snapshot)
+        )
 
     def _create(
         self,

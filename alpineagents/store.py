@@ -14,6 +14,7 @@ optionally ``list``, ``delete``) or their async twins (``awrite``, ``aread``, ``
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -100,7 +101,7 @@ class Store:
         """Return everything saved of one State, or ``None`` if the store has no such id."""
         raise self._missing("read")
 
-    def list(self) -> list[SavedState]:
+    def list(self) -> builtins.list[SavedState]:
         """The saved States, most recently updated first."""
         raise self._missing("list")
 
@@ -130,7 +131,7 @@ class Store:
         self._require_sync("aread", "read")
         return await asyncio.to_thread(self.read, state_id)
 
-    async def alist(self) -> list[SavedState]:
+    async def alist(self) -> builtins.list[SavedState]:
         """Async ``list``; by default the sync method, run on a worker thread."""
         self._require_sync("alist", "list")
         return await asyncio.to_thread(self.list)
@@ -217,10 +218,11 @@ _KNOWN_SCHEMES: dict[str, str] = {"s3": "pip install 'alpineagents[s3]'"}
 
 
 def open_store(url: str, **options: Any) -> Store:
-    """Open a store from a URL: a folder path or ``file://…`` gives a FileStore; other schemes
-    (``s3://bucket/prefix``) are found through the ``alpineagents.stores`` entry points.
+    """Open a store from a URL.
 
-    The store class of a scheme must have a ``from_url(url, **options)`` class method.
+    A folder path or ``file://…`` gives a FileStore; other schemes (``s3://bucket/prefix``)
+    are found through the ``alpineagents.stores`` entry points. The store class of a
+    scheme must have a ``from_url(url, **options)`` class method.
     """
     scheme = urlsplit(url).scheme
     if scheme in ("", "file"):

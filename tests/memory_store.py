@@ -29,8 +29,10 @@ class MemoryStore(Store):
                 if state_id in self._states:
                     raise ValueError(f"id {state_id!r} is taken")
                 assert snapshot is not None
-                self._states[state_id] = ({e["seq"]: copy.deepcopy(e) for e in entries},
-                                          copy.deepcopy(snapshot))
+                self._states[state_id] = (
+                    {e["seq"]: copy.deepcopy(e) for e in entries},
+                    copy.deepcopy(snapshot),
+                )
                 return
             if state_id not in self._states:
                 raise KeyError(state_id)
@@ -45,8 +47,9 @@ class MemoryStore(Store):
             if state_id not in self._states:
                 return None
             saved, snapshot = self._states[state_id]
-            return Record([copy.deepcopy(e) for _, e in sorted(saved.items())],
-                          copy.deepcopy(snapshot))
+            return Record(
+                [copy.deepcopy(e) for _, e in sorted(saved.items())], copy.deepcopy(snapshot)
+            )
 
     def list(self) -> list[SavedState]:
         with self._lock:

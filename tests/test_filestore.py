@@ -9,22 +9,18 @@ import signal
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from alpineagents import FileStore, State, StateExistsError
-from alpineagents import _saving
-from alpineagents.state import TOOL_RESULT
+from alpineagents import FileStore, State, StateExistsError, _saving
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _modes(root: Path) -> dict[str, int]:
     return {
-        str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode)
-        for p in [root, *root.rglob("*")]
+        str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]
     }
 
 
@@ -133,7 +129,9 @@ def test_create_is_exclusive_between_processes(tmp_path: Path) -> None:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", CREATOR, str(root), str(n), str(start)],
-                stdout=subprocess.PIPE, text=True, cwd=REPO,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
             )
             for n in range(4)
         ]
@@ -176,7 +174,9 @@ def test_killed_writer_never_leaves_a_half_read_entry(tmp_path: Path) -> None:
     for _ in range(25):
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(tmp_path)],
-            stdout=subprocess.PIPE, text=True, cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
         )
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("ready")

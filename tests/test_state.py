@@ -15,8 +15,8 @@ from alpineagents import (
     HistoryEntry,
     SchemaVersionError,
     State,
+    _saving,
 )
-from alpineagents import _saving
 from alpineagents._serialize import check_json, entry_to_dict, snapshot_of
 from alpineagents.state import MODEL, TOOL_RESULT
 
@@ -109,7 +109,12 @@ def test_bad_data_later_keeps_what_was_saved(store: FileStore) -> None:
 def test_check_json_converts_tuples_and_keeps_values() -> None:
     value = {"t": (1, (2, 3)), "s": "x", "f": 1.5, "b": True, "n": None, "l": [{"k": []}]}
     assert check_json(value, "v") == {
-        "t": [1, [2, 3]], "s": "x", "f": 1.5, "b": True, "n": None, "l": [{"k": []}]
+        "t": [1, [2, 3]],
+        "s": "x",
+        "f": 1.5,
+        "b": True,
+        "n": None,
+        "l": [{"k": []}],
     }
 
 
@@ -130,8 +135,9 @@ class Point:
 def test_after_loading_table(store: FileStore) -> None:
     state = State("t", id="table", data={"pair": (1, 2), "nested": {"l": [(3,)]}})
     failure = ValueError("bad input")
-    state.append(TOOL_RESULT, "ValueError: bad input", {"call_id": "c1", "is_error": True},
-                 error=failure)
+    state.append(
+        TOOL_RESULT, "ValueError: bad input", {"call_id": "c1", "is_error": True}, error=failure
+    )
     state.answer = Report(title="x", score=0.5)
     _saving.save(store, state)
     loaded = store.load("table")

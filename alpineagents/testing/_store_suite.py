@@ -299,7 +299,7 @@ class StoreConformance:
     async def test_large_and_unicode_entries_round_trip(self, io: StoreIO) -> None:
         state = State("ünïcødé task ✓", id="big")
         state.append(TOOL_RESULT, "x" * 1_000_000, {"call_id": "c", "name": "read"})
-        state.append(TOOL_RESULT, "日本語 🎉 \u2028 \"quotes\" \\ \n newline", {"call_id": "d"})
+        state.append(TOOL_RESULT, '日本語 🎉 \u2028 "quotes" \\ \n newline', {"call_id": "d"})
         await io.save(state)
         loaded = await io.load("big")
         assert [e.text for e in loaded.history] == [e.text for e in state.history]
@@ -311,12 +311,18 @@ class StoreConformance:
     async def test_ids_sharing_a_prefix_are_separate_states(self, io: StoreIO) -> None:
         ids = ["a", "a-b", "ab", "a_1", "A"]
         for n, state_id in enumerate(ids):
-            await io.write(state_id, make_entries(0, n + 1, state_id), make_snapshot(state_id, n + 1),
-                           create=True)
+            await io.write(
+                state_id,
+                make_entries(0, n + 1, state_id),
+                make_snapshot(state_id, n + 1),
+                create=True,
+            )
         for n, state_id in enumerate(ids):
             record = await io.read(state_id)
             assert record is not None
-            assert sorted(record.entries, key=lambda e: e["seq"]) == make_entries(0, n + 1, state_id)
+            assert sorted(record.entries, key=lambda e: e["seq"]) == make_entries(
+                0, n + 1, state_id
+            )
         await io.delete("a")
         assert await io.read("a") is None
         assert {s.id for s in await io.list()} == set(ids) - {"a"}
@@ -327,11 +333,17 @@ class StoreConformance:
     async def test_list_is_newest_first_with_summaries(self, io: StoreIO) -> None:
         base = datetime(2026, 1, 1, tzinfo=UTC)
         order = ["middle", "oldest", "newest"]
-        times = {"oldest": base, "middle": base + timedelta(hours=1),
-                 "newest": base + timedelta(hours=2)}
+        times = {
+            "oldest": base,
+            "middle": base + timedelta(hours=1),
+            "newest": base + timedelta(hours=2),
+        }
         for state_id in order:
             snapshot = make_snapshot(
-                state_id, 1, task=f"task of {state_id}", stopped_by="reply",
+                state_id,
+                1,
+                task=f"task of {state_id}",
+                stopped_by="reply",
                 updated_at=times[state_id].isoformat(),
             )
             await io.write(state_id, make_entries(0, 1), snapshot, create=True)
@@ -395,4 +407,3 @@ class StoreConformance:
         assert (await io.load("same")).task == "first"
         # Nothing of the refused State counts as saved: it can still go to a fresh id.
         assert second._saved_snapshot is None
-

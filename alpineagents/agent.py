@@ -1,0 +1,567 @@
+"""The Agent: the run loop, its steps, and every save point.
+
+A run is a sequence of steps (``think``, ``use_tools``, ``compact``) with saves between them.
+The sequence lives once, in :meth:`Agent._steps`, a generator that yields what to do next;
+``run`` and ``arun`` are two thin drivers that do it, one with blocking calls and one with
+awaits. Save points, as the user guide lists them:
+
+* when ``run`` starts and ends, and before and after each ``think``: everything not saved;
+* after each tool result: that result alone, at once, while other tools still run;
+* after ``use_tools`` and ``compact``: everything not saved.
+
+When the run ends with an exception (Ctrl+C, ``sys.exit``, SIGTERM turned into
+``SystemExit``, cancellation, an API error), tool calls without a result are closed with
+``(aborted: <ExceptionType>)`` and the State is saved before the exception propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import logging
+import warnings
+from collections.abc import Callable, Generator, Iterable
+from typing import Any, Final, Literal
+
+import pydantic
+
+from alpineagents import _saving
+from alpineagents._context import build_messages
+from alpineagents._resume import BUILTIN_TOOLS
+from alpineagents.anthropic import AnthropicModel
+from alpineagents.errors import AlpineAgentsError, ResumeWarning
+from alpineagents.model import Model, ModelRequest, ModelResponse
+from alpineagents.state import (
+    COMPACTION,
+    MODEL,
+    TOOL_RESULT,
+    USER,
+    HistoryEntry,
+    State,
+    StoppedBy,
+    tool_calls,
+)
+from alpineagents.store import Store, open_store
+from alpineagents.tools import Tool, ToolOutcome, as_tools
+
+__all__ = ["Agent"]
+
+logger = logging.getLogger(__name__)
+
+Op = Literal["save", "think", "use_tools", "compact"]
+
+COMPACTION_PROMPT: Final = (
+    "Summarise the conversation so far for yourself, to continue the task from the summary "
+    "alone: what was asked, what you did and found (tool results that matter, with their "
+    "values), what was decided, and what remains to do. Do not call tools."
+)
+TRUNCATED_CALL: Final = (
+    "(not run: the response was cut off by the max_tokens limit before this call was "
+    "complete. Call it again if it is still needed)"
+)
+
+
+class Agent:
+    """Runs States with a model, tools and, if given, a store that keeps every step.
+
+    Args:
+        model: An Anthropic model id (``"claude-sonnet-5"``) or a :class:`Model` object,
+            such as the offline models of :mod:`alpineagents.testing`.
+        system: The system prompt.
+        tools: Plain functions (sync or async) or :class:`Tool` objects.
+        output_type: The type of the answer the model gives with ``finish(answer)``:
+            ``str``, a pydantic model, a dataclass, a TypedDict, any type pydantic validates.
+        store: A :class:`Store`, or a URL for :func:`open_store` (a folder, ``s3://…``).
+            Without a store nothing is saved.
+        max_steps: The most model requests one run makes before it stops with
+            ``"max_steps"``.
+        max_tokens: The longest model response.
+        compact_at: When a response shows the context has grown past this many tokens,
+            older steps are replaced in the context by a summary. ``None`` never compacts.
+    """
+
+    def __init__(
+        self,
+        model: str | Model = "claude-sonnet-5",
+        *,
+        system: str = "",
+        tools: Iterable[Callable[..., Any] | Tool] = (),
+        output_type: Any = str,
+        store: Store | str | None = None,
+        max_steps: int = 50,
+        max_tokens: int = 8192,
+        compact_at: int | None = 150_000,
+    ):
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, not {max_steps}")
+        self.model: Model = AnthropicModel(model) if isinstance(model, str) else model
+        self.system = system
+        self.tools: dict[str, Tool] = as_tools(tools)
+        self.output_type = output_type
+        self._answer = pydantic.TypeAdapter(output_type)
+        self.store: Store | None = open_store(store) if isinstance(store, str) else store
+        self.max_steps = max_steps
+        self.max_tokens = max_tokens
+        self.compact_at = compact_at
+        self._definitions = [t.definition() for t in self.tools.values()] + _builtins(
+            self._answer.json_schema()
+        )
+        self._fingerprint = {
+            "model": self.model.name,
+            "system": _digest(system),
+            "tools": {d["name"]: _digest(repr(sorted(d.items()))) for d in self._definitions},
+        }
+
+    def __repr__(self) -> str:
+        return f"Agent(model={self.model.name!r}, tools={list(self.tools)}, store={self.store!r})"
+
+    # Running ---------------------------------------------------------------------------
+
+    def run(self, state: State) -> Any:
+        """Run ``state`` until it stops, and return the reply, the answer or the question.
+
+        The State is saved at every save point when the Agent has a store.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError(
+                "Agent.run() was called from a running event loop, where it would block it: "
+                "use `await agent.arun(state)` instead"
+            )
+        if self.store is not None and self.store.is_async_only:
+            raise TypeError(f"{self.store!r} is an async-only store: use `await agent.arun(state)`")
+        steps = self._steps(state)
+        op: Op | None = None
+        result: Any = None
+        try:
+            while True:
+                op = None  # an error raised by the loop itself is not a failed save
+                op = steps.send(result)
+                result = self._do(op, state)
+        except StopIteration as stop:
+            return stop.value
+        except BaseException as error:
+            self._close_calls(state, error)
+            if op != "save" and self.store is not None:
+                try:
+                    _saving.save(self.store, state)
+                except Exception as save_error:
+                    _note_failed_save(error, save_error)
+                # Ctrl+C while saving propagates from here instead of the original.
+            raise
+
+    async def arun(self, state: State) -> Any:
+        """Async ``run``: async tools are awaited, sync tools run on worker threads.
+
+        Cancel the task to stop the run: calls still running are closed with
+        ``(aborted: CancelledError)`` and the State is saved.
+        """
+        steps = self._steps(state)
+        op: Op | None = None
+        result: Any = None
+        try:
+            while True:
+                op = None
+                op = steps.send(result)
+                result = await self._ado(op, state)
+        except StopIteration as stop:
+            return stop.value
+        except BaseException as error:
+            self._close_calls(state, error)
+            if op != "save" and self.store is not None:
+                try:
+                    await _saving.asave(self.store, state)
+                except Exception as save_error:
+                    _note_failed_save(error, save_error)
+            raise
+
+    def save(self, state: State) -> None:
+        """Save everything of ``state`` the store does not have yet (nothing if nothing changed).
+
+        Use it for changes outside the Agent's steps, such as the person's next message.
+        """
+        _saving.save(self._require_store(), state)
+
+    async def asave(self, state: State) -> None:
+        """Async ``save``."""
+        await _saving.asave(self._require_store(), state)
+
+    def _do(self, op: Op, state: State) -> Any:
+        if op == "save":
+            return self.store is not None and _saving.save(self.store, state)
+        if op == "think":
+            return self.think(state)
+        if op == "use_tools":
+            return self.use_tools(state)
+        return self.compact(state)
+
+    async def _ado(self, op: Op, state: State) -> Any:
+        if op == "save":
+            return self.store is not None and await _saving.asave(self.store, state)
+        if op == "think":
+            return await self.athink(state)
+        if op == "use_tools":
+            return await self.ause_tools(state)
+        return await self.acompact(state)
+
+    # The run, once for both drivers ----------------------------------------------------
+
+    def _steps(self, state: State) -> Generator[Op, Any, Any]:
+        self._begin(state)
+        if state.stopped_by is not None and state._stop_seq == len(state.history):
+            # Stopped, and nothing added since: the same answer, without a model request.
+            yield "save"
+            return state.answer
+        state.stopped_by, state.answer, state._stop_seq = None, None, None
+        yield "save"
+        steps = 0
+        force_compaction = False
+        while True:
+            if state.open_calls():
+                yield "use_tools"
+                yield "save"
+                if state.stopped_by is not None:
+                    break
+            if force_compaction or self._needs_compaction(state):
+                yield "compact"
+                yield "save"
+                force_compaction = False
+            if steps >= self.max_steps:
+                logger.info("State %s stopped after %d steps (max_steps)", state.id, steps)
+                _stop(state, "max_steps", None)
+                break
+            yield "save"
+            entry: HistoryEntry = yield "think"
+            steps += 1
+            yield "save"
+            reason = entry.data.get("stop_reason")
+            if tool_calls(entry):
+                continue  # the calls are open: use_tools runs them next
+            if reason == "pause_turn":
+                continue  # a server tool paused the turn: send it back as it is
+            if reason == "model_context_window_exceeded":
+                if self._compacted_last(state, entry):
+                    raise AlpineAgentsError(
+                        f"the context of State {state.id!r} exceeds the model's window even "
+                        "after compaction"
+                    )
+                force_compaction = True
+                continue
+            if reason in ("max_tokens", "refusal"):
+                logger.warning("State %s: the model stopped with %s", state.id, reason)
+            _stop(state, "reply", entry.text)
+            break
+        yield "save"
+        return state.answer
+
+    def _begin(self, state: State) -> None:
+        if not isinstance(state, State):
+            raise TypeError(f"Agent.run() takes a State, not {type(state).__name__}")
+        if state._store is not None and self.store is None:
+            raise ValueError(
+                f"State {state.id!r} is saved in {state._store!r}, but this Agent has no "
+                "store: give the Agent that store to run it"
+            )
+        if self.store is not None:
+            _saving.check_store(state, self.store)
+        saved_by = state._agent_fingerprint
+        if saved_by is not None and saved_by != self._fingerprint:
+            warnings.warn(
+                ResumeWarning(
+                    f"State {state.id!r} was saved by a different Agent "
+                    f"({_differences(saved_by, self._fingerprint)}); this Agent runs it now"
+                ),
+                stacklevel=4,
+            )
+        state._agent_fingerprint = self._fingerprint
+
+    # think -----------------------------------------------------------------------------
+
+    def think(self, state: State) -> HistoryEntry:
+        """Make one model request with the current context and record the response."""
+        return self._record_response(state, self.model.request(self._request(state)))
+
+    async def athink(self, state: State) -> HistoryEntry:
+        """Async ``think``."""
+        return self._record_response(state, await self.model.arequest(self._request(state)))
+
+    def _request(self, state: State) -> ModelRequest:
+        return ModelRequest(
+            system=self.system,
+            messages=build_messages(state),
+            tools=self._definitions,
+            max_tokens=self.max_tokens,
+        )
+
+    def _record_response(self, state: State, response: ModelResponse) -> HistoryEntry:
+        logger.debug("State %s: model stopped with %s", state.id, response.stop_reason)
+        return state.append(
+            MODEL,
+            response.text,
+            {
+                "content": response.content,
+                "stop_reason": response.stop_reason,
+                "usage": response.usage,
+                "model": response.model or self.model.name,
+            },
+        )
+
+    # use_tools -------------------------------------------------------------------------
+
+    def use_tools(self, state: State) -> None:
+        """Run the open tool calls of the last response and handle ``finish`` and ``ask``.
+
+        Several calls run concurrently on worker threads; each result is saved at once.
+        """
+        runnable = self._prepare_calls(state)
+        if len(runnable) == 1:
+            call, tool = runnable[0]
+            self._record_result(state, call, tool.call(call["input"]))
+            self._save_result(state)
+        elif runnable:
+            pool = concurrent.futures.ThreadPoolExecutor(len(runnable), "alpineagents-tool")
+            try:
+                futures = {pool.submit(tool.call, call["input"]): call for call, tool in runnable}
+                for future in concurrent.futures.as_completed(futures):
+                    self._record_result(state, futures[future], future.result())
+                    self._save_result(state)
+            finally:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._handle_builtins(state)
+
+    async def ause_tools(self, state: State) -> None:
+        """Async ``use_tools``: async tools are awaited, sync tools run on worker threads."""
+        runnable = self._prepare_calls(state)
+        tasks = {asyncio.ensure_future(tool.acall(call["input"])): call for call, tool in runnable}
+        try:
+            pending = set(tasks)
+            while pending:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    self._record_result(state, tasks[task], task.result())
+                    await self._asave_result(state)
+        finally:
+            for task in tasks:
+                task.cancel()
+        self._handle_builtins(state)
+
+    def _prepare_calls(self, state: State) -> list[tuple[dict[str, Any], Tool]]:
+        """Record results that need no run (unknown tool, cut-off call); return the rest."""
+        last = state.last_model_entry()
+        truncated = last is not None and last.data.get("stop_reason") in (
+            "max_tokens",
+            "model_context_window_exceeded",
+        )
+        runnable = []
+        for call in state.open_calls():
+            if call["name"] in BUILTIN_TOOLS:
+                continue
+            tool = self.tools.get(call["name"])
+            if truncated:
+                self._record_result(state, call, ToolOutcome(TRUNCATED_CALL, True))
+            elif tool is None:
+                known = ", ".join([*self.tools, *sorted(BUILTIN_TOOLS)])
+                text = f"There is no tool named {call['name']!r}. The tools are: {known}."
+                self._record_result(state, call, ToolOutcome(text, True))
+            else:
+                runnable.append((call, tool))
+        return runnable
+
+    def _record_result(self, state: State, call: dict[str, Any], outcome: ToolOutcome) -> None:
+        state.append(
+            TOOL_RESULT,
+            outcome.text,
+            {"call_id": call["id"], "name": call["name"], "is_error": outcome.is_error},
+            error=outcome.error,
+        )
+
+    def _save_result(self, state: State) -> None:
+        if self.store is None:
+            return
+        try:
+            _saving.save(self.store, state, entries_only=True)
+        except Exception:
+            # The other tools go on; the save after use_tools writes it or raises.
+            logger.warning("State %s: saving a tool result failed", state.id, exc_info=True)
+
+    async def _asave_result(self, state: State) -> None:
+        if self.store is None:
+            return
+        try:
+            await _saving.asave(self.store, state, entries_only=True)
+        except Exception:
+            logger.warning("State %s: saving a tool result failed", state.id, exc_info=True)
+
+    def _handle_builtins(self, state: State) -> None:
+        """``finish`` with a valid answer stops the run; otherwise ``ask`` stops it."""
+        calls = [c for c in state.open_calls() if c["name"] in BUILTIN_TOOLS]
+        finished = False
+        for call in (c for c in calls if c["name"] == "finish"):
+            if finished:
+                self._record_result(state, call, ToolOutcome("(ignored: the run already finished)"))
+                continue
+            try:
+                answer = self._validate_answer(call["input"])
+            except (pydantic.ValidationError, KeyError, TypeError) as e:
+                text = f"The answer is not valid: {e}. Call finish again with a valid answer."
+                self._record_result(state, call, ToolOutcome(text, True, e))
+                continue
+            self._record_result(state, call, ToolOutcome("Answer accepted."))
+            _stop(state, "finish", answer)
+            finished = True
+        asks = [c for c in calls if c["name"] == "ask"]
+        for call in asks[1:] if not finished else asks:
+            text = (
+                "(not asked: the run finished)"
+                if finished
+                else "(not asked: one question at a time)"
+            )
+            self._record_result(state, call, ToolOutcome(text))
+        if not finished and asks:
+            question = asks[0]["input"].get("question", "")
+            _stop(state, "ask", str(question))
+
+    def _validate_answer(self, tool_input: dict[str, Any]) -> Any:
+        raw = tool_input["answer"]
+        try:
+            return self._answer.validate_python(raw)
+        except pydantic.ValidationError:
+            if isinstance(raw, str) and self.output_type is not str:
+                return self._answer.validate_json(raw)  # the model sent the answer as JSON text
+            raise
+
+    # compact ---------------------------------------------------------------------------
+
+    def compact(self, state: State) -> HistoryEntry:
+        """Replace the older context by a summary the model writes; history keeps all."""
+        request, covers = self._compaction_request(state)
+        return self._record_compaction(state, self.model.request(request), covers)
+
+    async def acompact(self, state: State) -> HistoryEntry:
+        """Async ``compact``."""
+        request, covers = self._compaction_request(state)
+        return self._record_compaction(state, await self.model.arequest(request), covers)
+
+    def _needs_compaction(self, state: State) -> bool:
+        if self.compact_at is None:
+            return False
+        last = state.last_model_entry()
+        if last is None or self._compacted_last(state, last):
+            return False
+        usage: dict[str, int] = last.data.get("usage", {})
+        return sum(usage.values()) >= self.compact_at
+
+    def _compacted_last(self, state: State, entry: HistoryEntry) -> bool:
+        return any(e.kind == COMPACTION for e in state.history[entry.seq + 1 :])
+
+    def _compaction_request(self, state: State) -> tuple[ModelRequest, int]:
+        live = state.live_entries()
+        covers = live[-1].seq
+        # The person's latest messages stay as they are, after the summary.
+        for entry in reversed(live):
+            if entry.kind != USER or "answers" in entry.data:
+                break
+            covers = entry.seq - 1
+        messages = build_messages(state)
+        prompt = {"type": "text", "text": COMPACTION_PROMPT}
+        if messages[-1]["role"] == "user":
+            messages[-1]["content"].append(prompt)
+        else:
+            messages.append({"role": "user", "content": [prompt]})
+        request = ModelRequest(
+            system=self.system,
+            messages=messages,
+            tools=self._definitions,
+            max_tokens=self.max_tokens,
+            tool_choice="none",
+            purpose="compaction",
+        )
+        return request, covers
+
+    def _record_compaction(
+        self, state: State, response: ModelResponse, covers: int
+    ) -> HistoryEntry:
+        logger.info("State %s: compacted the context up to entry %d", state.id, covers)
+        return state.append(
+            COMPACTION,
+            response.text,
+            {"covers": covers, "usage": response.usage, "model": response.model},
+        )
+
+    # Ending ----------------------------------------------------------------------------
+
+    def _close_calls(self, state: State, error: BaseException) -> None:
+        for call in state.open_calls():
+            if call["name"] not in BUILTIN_TOOLS:
+                text = f"(aborted: {type(error).__name__})"
+                self._record_result(state, call, ToolOutcome(text, True))
+
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise ValueError("this Agent has no store: give it one with Agent(store=...)")
+        return self.store
+
+
+def _stop(state: State, how: StoppedBy, answer: Any) -> None:
+    state.stopped_by = how
+    state.answer = answer
+    state._stop_seq = len(state.history)
+
+
+def _note_failed_save(error: BaseException, save_error: Exception) -> None:
+    error.add_note(f"saving the state also failed: {type(save_error).__name__}: {save_error}")
+
+
+def _builtins(answer_schema: dict[str, Any]) -> list[dict[str, Any]]:
+    defs = answer_schema.pop("$defs", None)
+    finish: dict[str, Any] = {
+        "type": "object",
+        "properties": {"answer": answer_schema},
+        "required": ["answer"],
+    }
+    if defs:
+        finish["$defs"] = defs
+    return [
+        {
+            "name": "finish",
+            "description": "Call this when the task is done, with the final answer.",
+            "input_schema": finish,
+        },
+        {
+            "name": "ask",
+            "description": (
+                "Ask the person a question and wait for the answer. Use it only when you "
+                "cannot go on without them."
+            ),
+            "input_schema": {
+                "type": "object",
+                "properties": {"question": {"type": "string"}},
+                "required": ["question"],
+            },
+        },
+    ]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any]) -> str:
+    found = []
+    if saved.get("model") != current["model"]:
+        found.append(f"model {saved.get('model')!r} is now {current['model']!r}")
+    if saved.get("system") != current["system"]:
+        found.append("the system prompt changed")
+    old, new = saved.get("tools", {}), current["tools"]
+    if set(old) - set(new):
+        found.append(f"tools removed: {', '.join(sorted(set(old) - set(new)))}")
+    if set(new) - set(old):
+        found.append(f"tools added: {', '.join(sorted(set(new) - set(old)))}")
+    changed = sorted(n for n in set(old) & set(new) if old[n] != new[n])
+    if changed:
+        found.append(f"tools changed: {', '.join(changed)}")
+    return "; ".join(found) or "its settings changed"
