@@ -132,6 +132,7 @@ class Agent:
                 "Agent.run() was called from a running event loop, where it would block it: "
                 "use `await agent.arun(state)` instead"
             )
+        _check_state(state)
         if self.store is not None and self.store.is_async_only:
             raise TypeError(f"{self.store!r} is an async-only store: use `await agent.arun(state)`")
         steps = self._steps(state)
@@ -160,6 +161,7 @@ class Agent:
         Cancel the task to stop the run: calls still running are closed with
         ``(aborted: CancelledError)`` and the State is saved.
         """
+        _check_state(state)
         steps = self._steps(state)
         op: Op | None = None
         result: Any = None
@@ -237,12 +239,12 @@ class Agent:
             yield "save"
             entry: HistoryEntry = yield "think"
             steps += 1
-            yield "save"
             reason = entry.data.get("stop_reason")
-            if tool_calls(entry):
-                continue  # the calls are open: use_tools runs them next
-            if reason == "pause_turn":
-                continue  # a server tool paused the turn: send it back as it is
+            if tool_calls(entry) or reason == "pause_turn":
+                # Open calls: use_tools runs them next. A pause (a server tool paused the
+                # turn): the response goes back as it is.
+                yield "save"
+                continue
             if reason == "model_context_window_exceeded":
                 if self._compacted_last(state, entry):
                     raise AlpineAgentsError(
@@ -250,17 +252,16 @@ class Agent:
                         "after compaction"
                     )
                 force_compaction = True
+                yield "save"
                 continue
             if reason in ("max_tokens", "refusal"):
                 logger.warning("State %s: the model stopped with %s", state.id, reason)
             _stop(state, "reply", entry.text)
             break
-        yield "save"
+        yield "save"  # after the last think, or after use_tools: with the stop
         return state.answer
 
     def _begin(self, state: State) -> None:
-        if not isinstance(state, State):
-            raise TypeError(f"Agent.run() takes a State, not {type(state).__name__}")
         if state._store is not None and self.store is None:
             raise ValueError(
                 f"State {state.id!r} is saved in {state._store!r}, but this Agent has no "
@@ -504,6 +505,11 @@ class Agent:
         if self.store is None:
             raise ValueError("this Agent has no store: give it one with Agent(store=...)")
         return self.store
+
+
+def _check_state(state: object) -> None:
+    if not isinstance(state, State):
+        raise TypeError(f"Agent.run() takes a State, not {type(state).__name__}")
 
 
 def _stop(state: State, how: StoppedBy, answer: Any) -> None:
