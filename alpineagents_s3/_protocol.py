@@ -1,0 +1,747 @@
+"""What S3Store does, without doing any I/O: key layout, bodies, validation, error translation.
+
+Each store operation is a generator of *steps*. It yields a :class:`Batch` of S3 calls, receives
+one outcome per call (the response, or the exception botocore raised), and decides what comes
+next; its return value is the operation's result. The boto3 path (``_sync``) and the aioboto3
+path (``_async``) only make the calls of a batch, concurrently and bounded, so both follow the
+same protocol by construction.
+
+Layout under ``{prefix}``::
+
+    {id}/snapshot.json                     the rest of the State; metadata names its generation
+    {id}/entries/{generation}/{seq}.json   one immutable object per history entry
+
+``seq`` is zero-padded to ten digits, so lexical order is seq order. A *generation* is a random
+token chosen when a State is created: entries are written under it before the snapshot that
+names it, so entries of a create that lost a race (or died before its snapshot) never mix with
+the winner's. Such leftovers are ignored when reading and removed with the State.
+
+Writes:
+
+* entries with ``If-None-Match: *``: a 412 means the seq is stored; it is skipped after a GET
+  confirms the same entry, else the State has a second writer;
+* a new State's snapshot with ``If-None-Match: *``: a 412 means the id is taken;
+* a later snapshot with ``If-Match`` on the ETag this store object last wrote or read: a 412
+  means another process wrote the State since.
+
+A 409 ``ConditionalRequestConflict`` (real S3, under contention) is retried here; throttling and
+5xx are retried by botocore's retry modes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import uuid
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, NoReturn, TypeAlias, TypeVar
+
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+)
+
+from alpineagents.errors import (
+    ConcurrentWriteError,
+    CorruptStateError,
+    StateExistsError,
+    StateNotFoundError,
+    StoreError,
+)
+from alpineagents.state import validate_id
+from alpineagents.store import Record, SavedState, check_stored
+from alpineagents_s3.errors import (
+    BucketNotFoundError,
+    ConditionalWritesUnsupportedError,
+    S3AccessDeniedError,
+    S3StoreError,
+)
+
+logger = logging.getLogger("alpineagents_s3")
+
+T = TypeVar("T")
+
+SNAPSHOT: Final = "snapshot.json"
+ENTRIES: Final = "entries/"
+GENERATION_META: Final = "alpineagents-generation"
+SEQ_DIGITS: Final = 10
+# S3 lists at most 1,000 keys a page and deletes at most 1,000 keys a request.
+PAGE: Final = 1000
+# 409 ConditionalRequestConflict: attempts in all, and the first backoff in seconds.
+CONFLICT_ATTEMPTS: Final = 6
+CONFLICT_BACKOFF: Final = 0.05
+
+_ENTRY_NAME = re.compile(rf"([0-9a-f]+)/([0-9]{{{SEQ_DIGITS}}})\.json")
+_ACCESS_CODES: Final = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "AccountProblem",
+    }
+)
+_NOT_FOUND_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
+
+
+# Steps -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """One S3 client call: a method name of the client and its keyword arguments."""
+
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Calls to make concurrently, after ``delay`` seconds."""
+
+    calls: Sequence[Call]
+    delay: float = 0.0
+
+
+# The response of a call (a GetObject's "Body" already read into bytes), or what it raised.
+Outcome: TypeAlias = dict[str, Any] | Exception
+Steps: TypeAlias = Generator[Batch, list[Outcome], T]
+
+
+@dataclass(frozen=True)
+class Version:
+    """The snapshot object this store object last wrote or read: its ETag and generation."""
+
+    etag: str
+    generation: str
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """A snapshot as read from S3."""
+
+    version: Version
+    snapshot: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object of a saved State, as :meth:`S3Store.objects` lists it.
+
+    Attributes:
+        key: The object's key in the bucket.
+        size: Its size in bytes.
+        kind: ``"snapshot"``, ``"entry"`` (a history entry of the State), ``"abandoned"`` (an
+            entry of a create that did not finish or lost a race: never read, removed with
+            the State) or ``"other"`` (not written by S3Store).
+        seq: The history entry's seq, for entries.
+        last_modified: When S3 stored it.
+    """
+
+    key: str
+    size: int
+    kind: str
+    seq: int | None
+    last_modified: datetime
+
+
+def error_code(outcome: Outcome) -> str | None:
+    """The S3 error code of a failed call (``None`` for a response or a non-S3 error)."""
+    if isinstance(outcome, ClientError):
+        return str(outcome.response.get("Error", {}).get("Code", "")) or str(
+            outcome.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+        )
+    return None
+
+
+def _status(outcome: Outcome) -> int | None:
+    if isinstance(outcome, ClientError):
+        status = outcome.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status is not None else None
+    return None
+
+
+def encode(obj: Any) -> bytes:
+    """Compact UTF-8 JSON, as every alpineagents store keeps it."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def new_generation() -> str:
+    """A random token naming one creation of a State id."""
+    return uuid.uuid4().hex[:16]
+
+
+def same_except_updated_at(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two snapshots describe the same State, saved at different times."""
+    return {k: v for k, v in a.items() if k != "updated_at"} == {
+        k: v for k, v in b.items() if k != "updated_at"
+    }
+
+
+# The protocol ------------------------------------------------------------------------------
+
+
+@dataclass
+class Protocol:
+    """Key layout, bodies, validation, error translation and the steps of each operation.
+
+    One per S3Store; it keeps the :class:`Version` of each State this store object wrote or
+    read, for ``If-Match``.
+    """
+
+    bucket: str
+    root: str  # the prefix: "" or ending with "/"
+    endpoint: str  # for messages
+    sse: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, Version] = field(default_factory=dict)
+
+    # Keys and names ------------------------------------------------------------------
+
+    def url(self, key: str = "") -> str:
+        """``s3://bucket/key``, the way messages name an object."""
+        return f"s3://{self.bucket}/{key}"
+
+    def state_prefix(self, state_id: str) -> str:
+        """The prefix of every object of one State."""
+        return f"{self.root}{state_id}/"
+
+    def snapshot_key(self, state_id: str) -> str:
+        """The key of a State's snapshot."""
+        return f"{self.root}{state_id}/{SNAPSHOT}"
+
+    def entries_prefix(self, state_id: str) -> str:
+        """The prefix of a State's entry objects, all generations."""
+        return f"{self.root}{state_id}/{ENTRIES}"
+
+    def entry_key(self, state_id: str, generation: str, seq: int) -> str:
+        """The key of one history entry."""
+        return f"{self.root}{state_id}/{ENTRIES}{generation}/{seq:0{SEQ_DIGITS}d}.json"
+
+    def parse_entry_key(self, state_id: str, key: str) -> tuple[str, int] | None:
+        """``(generation, seq)`` of an entry key, or ``None`` for a key S3Store did not name."""
+        match = _ENTRY_NAME.fullmatch(key.removeprefix(self.entries_prefix(state_id)))
+        return (match[1], int(match[2])) if match else None
+
+    # Calls -----------------------------------------------------------------------------
+
+    def _put(self, key: str, body: bytes, **conditions: Any) -> Call:
+        params: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "Body": body,
+            "ContentType": "application/json",
+            **conditions,
+            **self.sse,
+        }
+        return Call("put_object", params)
+
+    def _get(self, key: str) -> Call:
+        return Call("get_object", {"Bucket": self.bucket, "Key": key})
+
+    def _list(self, prefix: str, token: str | None = None, **extra: Any) -> Call:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": PAGE}
+        if token:
+            params["ContinuationToken"] = token
+        return Call("list_objects_v2", {**params, **extra})
+
+    def _send(self, calls: Sequence[Call]) -> Steps[list[Outcome]]:
+        """Make calls, retrying those refused with 409 ConditionalRequestConflict."""
+        if not calls:
+            return []
+        outcomes = list((yield Batch(calls)))
+        for attempt in range(1, CONFLICT_ATTEMPTS):
+            again = [
+                i for i, o in enumerate(outcomes) if error_code(o) == "ConditionalRequestConflict"
+            ]
+            if not again:
+                break
+            delay = random.uniform(0, CONFLICT_BACKOFF * 2**attempt)
+            logger.debug(
+                "409 ConditionalRequestConflict on %d request(s) in %s; retry %d in %.3fs",
+                len(again), self.url(self.root), attempt, delay,
+            )
+            retried = yield Batch([calls[i] for i in again], delay=delay)
+            for i, outcome in zip(again, retried, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    # Errors ----------------------------------------------------------------------------
+
+    def error(self, outcome: Outcome, key: str, action: str, conditions: str = "") -> Exception:
+        """The store's exception for a failed call on ``key``: what failed, where, what to do.
+
+        ``conditions`` names the conditional headers the call sent, if any.
+        """
+        where = self.url(key)
+        if isinstance(outcome, ClientError):
+            code = error_code(outcome) or "?"
+            status = _status(outcome)
+            message = outcome.response.get("Error", {}).get("Message", "")
+            if code == "NoSuchBucket":
+                return BucketNotFoundError(
+                    f"{action} {where}: the bucket {self.bucket!r} does not exist at "
+                    f"{self.endpoint}. Create it, or check the bucket name, region and endpoint"
+                )
+            if code in _ACCESS_CODES or status == 403:
+                return S3AccessDeniedError(
+                    f"{action} {where} was refused ({code}: {message}). The credentials in use "
+                    f"need s3:GetObject, s3:PutObject and s3:DeleteObject on "
+                    f"{self.url(self.root)}* and s3:ListBucket on the bucket {self.bucket!r}: "
+                    "check the credentials, profile, bucket policy and KMS key policy"
+                )
+            if code == "ConditionalRequestConflict":
+                return ConcurrentWriteError(
+                    f"{action} {where}: S3 kept answering 409 ConditionalRequestConflict "
+                    f"after {CONFLICT_ATTEMPTS} attempts: other writers are changing this "
+                    "object right now. Save again later"
+                )
+            if conditions and (code == "NotImplemented" or status == 501):
+                return ConditionalWritesUnsupportedError(
+                    f"{action} {where} with {conditions} was refused ({code}: {message}): the "
+                    f"endpoint {self.endpoint} does not support conditional writes, which "
+                    "S3Store needs to keep entries immutable and to detect a second writer. "
+                    "Use AWS S3 or an S3-compatible server that supports If-None-Match and "
+                    "If-Match on PutObject"
+                )
+            return S3StoreError(
+                f"{action} {where} failed: {code} (HTTP {status}): {message}"
+                + (" (after botocore's retries)" if status and status >= 500 else "")
+            )
+        if isinstance(outcome, NoCredentialsError):
+            return S3AccessDeniedError(
+                f"{action} {where}: no AWS credentials were found. Configure them the usual "
+                "way (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws, an "
+                "instance role) or pass session=boto3.Session(...) to S3Store"
+            )
+        if isinstance(outcome, EndpointConnectionError):
+            return S3StoreError(
+                f"{action} {where}: cannot connect to {self.endpoint} ({outcome}). Check "
+                "endpoint_url (or AWS_ENDPOINT_URL_S3) and the network"
+            )
+        if isinstance(outcome, BotoCoreError):
+            return S3StoreError(f"{action} {where} failed: {outcome}")
+        return S3StoreError(f"{action} {where} failed: {type(outcome).__name__}: {outcome}")
+
+    def _raise(self, outcome: Outcome, key: str, action: str, conditions: str = "") -> NoReturn:
+        """Raise the store's exception for a failed call."""
+        raise self.error(outcome, key, action, conditions) from (
+            outcome if isinstance(outcome, BaseException) else None
+        )
+
+    def _not_found(self, state_id: str, why: str = "") -> StateNotFoundError:
+        return StateNotFoundError(
+            f"no saved State with id {state_id!r} in {self.url(self.root)}{why}"
+        )
+
+    # Reading objects -------------------------------------------------------------------
+
+    def _decode(self, body: bytes, key: str) -> dict[str, Any]:
+        where = self.url(key)
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptStateError(
+                f"{where} is not valid JSON ({e}): it was damaged or not written by "
+                "alpineagents. Restore it from a bucket version, or delete the State"
+            ) from e
+        return check_stored(obj, where)
+
+    def _stored_snapshot(self, state_id: str, response: dict[str, Any]) -> StoredSnapshot:
+        key = self.snapshot_key(state_id)
+        snapshot = self._decode(response["Body"], key)
+        generation = response.get("Metadata", {}).get(GENERATION_META)
+        if not generation:
+            raise CorruptStateError(
+                f"{self.url(key)} has no {GENERATION_META!r} metadata: it was not written by "
+                "S3Store (or was copied without its metadata)"
+            )
+        return StoredSnapshot(Version(response["ETag"], generation), snapshot)
+
+    def _entry(self, response: dict[str, Any], key: str, seq: int) -> dict[str, Any]:
+        entry = self._decode(response["Body"], key)
+        if entry.get("seq") != seq:
+            raise CorruptStateError(
+                f"{self.url(key)} holds history entry {entry.get('seq')!r}, not {seq}: the "
+                "object was damaged or moved"
+            )
+        return entry
+
+    def _get_snapshot(self, state_id: str, action: str) -> Steps[StoredSnapshot | None]:
+        key = self.snapshot_key(state_id)
+        (outcome,) = yield from self._send([self._get(key)])
+        if isinstance(outcome, Exception):
+            if error_code(outcome) in _NOT_FOUND_CODES:
+                return None
+            self._raise(outcome, key, action)
+        assert isinstance(outcome, dict)
+        return self._stored_snapshot(state_id, outcome)
+
+    # Write -----------------------------------------------------------------------------
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        create: bool,
+    ) -> Steps[None]:
+        """Entries the bucket lacks (in parallel), then the snapshot (unless ``None``)."""
+        validate_id(state_id)
+        if create:
+            if snapshot is None:
+                raise ValueError(f"creating State {state_id!r} needs a snapshot")
+            yield from self._create(state_id, entries, snapshot)
+            return
+        version = self.versions.get(state_id)
+        if version is None:
+            # This store object has not written or read the State: start from what is stored.
+            stored = yield from self._get_snapshot(state_id, "GetObject (before a write)")
+            if stored is None:
+                raise self._not_found(state_id, ": create it with create=True first")
+            version = stored.version
+            self.versions.setdefault(state_id, version)
+        yield from self._put_entries(state_id, version.generation, entries)
+        if snapshot is not None:
+            yield from self._replace_snapshot(state_id, version, snapshot)
+        logger.debug(
+            "saved %d entries of %s in %s (snapshot: %s)",
+            len(entries), state_id, self.url(self.root), snapshot is not None,
+        )
+
+    def _put_entries(
+        self, state_id: str, generation: str, entries: Sequence[dict[str, Any]]
+    ) -> Steps[list[str]]:
+        """PUT entries with If-None-Match; return the keys written. Known seqs are skipped."""
+        keys = [self.entry_key(state_id, generation, entry["seq"]) for entry in entries]
+        bodies = [encode(entry) for entry in entries]
+        outcomes = yield from self._send(
+            [self._put(k, b, IfNoneMatch="*") for k, b in zip(keys, bodies, strict=True)]
+        )
+        written: list[str] = []
+        taken: list[int] = []
+        for i, outcome in enumerate(outcomes):
+            if not isinstance(outcome, Exception):
+                written.append(keys[i])
+            elif error_code(outcome) == "PreconditionFailed":
+                taken.append(i)
+            else:
+                self._raise(outcome, keys[i], "PutObject", "If-None-Match: *")
+        if taken:
+            found = yield from self._send([self._get(keys[i]) for i in taken])
+            for i, outcome in zip(taken, found, strict=True):
+                if isinstance(outcome, Exception):
+                    self._raise(outcome, keys[i], "GetObject (an entry already stored)")
+                assert isinstance(outcome, dict)
+                stored = self._entry(outcome, keys[i], entries[i]["seq"])
+                if outcome["Body"] != bodies[i] and stored != json.loads(bodies[i]):
+                    raise ConcurrentWriteError(
+                        f"{self.url(keys[i])} already holds a different history entry "
+                        f"{entries[i]['seq']} of State {state_id!r}: another process is running "
+                        f"this State, or ran it since this one loaded it. Load it again with "
+                        f"store.load({state_id!r}) and continue from what is saved"
+                    )
+                logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
+        return written
+
+    def _create(
+        self, state_id: str, entries: Sequence[dict[str, Any]], snapshot: dict[str, Any]
+    ) -> Steps[None]:
+        generation = new_generation()
+        written = yield from self._put_entries(state_id, generation, entries)
+        key = self.snapshot_key(state_id)
+        put = self._put(
+            key, encode(snapshot), IfNoneMatch="*", Metadata={GENERATION_META: generation}
+        )
+        (outcome,) = yield from self._send([put])
+        if not isinstance(outcome, Exception):
+            self.versions[state_id] = Version(outcome["ETag"], generation)
+            logger.debug("created %s with %d entries at %s", state_id, len(entries), self.url(key))
+            return
+        if error_code(outcome) != "PreconditionFailed":
+            self._raise(outcome, key, "PutObject", "If-None-Match: *")
+        current = yield from self._get_snapshot(state_id, "GetObject (a taken id)")
+        if current is not None and same_except_updated_at(current.snapshot, snapshot):
+            # An earlier attempt of this very create succeeded, but its answer was lost.
+            self.versions[state_id] = current.version
+            if current.version.generation != generation:
+                yield from self._delete_keys(written, required=False)
+            logger.debug("%s was created by an earlier attempt of this write", self.url(key))
+            return
+        yield from self._delete_keys(written, required=False)
+        raise StateExistsError(
+            f"{self.url(self.root)} already has a State with id {state_id!r} ({self.url(key)}): "
+            f"continue it with store.load({state_id!r}), or pick another id"
+        )
+
+    def _replace_snapshot(
+        self, state_id: str, version: Version, snapshot: dict[str, Any]
+    ) -> Steps[None]:
+        key = self.snapshot_key(state_id)
+        put = self._put(
+            key,
+            encode(snapshot),
+            IfMatch=version.etag,
+            Metadata={GENERATION_META: version.generation},
+        )
+        (outcome,) = yield from self._send([put])
+        if not isinstance(outcome, Exception):
+            self.versions[state_id] = Version(outcome["ETag"], version.generation)
+            return
+        code = error_code(outcome)
+        if code in _NOT_FOUND_CODES:
+            self.versions.pop(state_id, None)
+            raise self._not_found(
+                state_id, f": {self.url(key)} was deleted since this store object last saved it"
+            )
+        if code != "PreconditionFailed":
+            self._raise(outcome, key, "PutObject", f"If-Match: {version.etag}")
+        current = yield from self._get_snapshot(state_id, "GetObject (a changed snapshot)")
+        if current is None:
+            self.versions.pop(state_id, None)
+            raise self._not_found(
+                state_id, f": {self.url(key)} was deleted since this store object last saved it"
+            )
+        if current.version.generation == version.generation and same_except_updated_at(
+            current.snapshot, snapshot
+        ):
+            # Our own write, whose answer was lost (a retry found it applied).
+            self.versions[state_id] = current.version
+            return
+        # Keep the old version: every later write of this State here is refused too.
+        raise ConcurrentWriteError(
+            f"State {state_id!r} was saved by another writer since this process last read or "
+            f"wrote it ({self.url(key)} no longer has ETag {version.etag}): two processes are "
+            f"running this State. Its saved history is kept; load it again with "
+            f"store.load({state_id!r}) to continue from what is saved"
+        )
+
+    # Read ------------------------------------------------------------------------------
+
+    def read(self, state_id: str) -> Steps[Record | None]:
+        """The snapshot GET and the entry listing at once, then the entry GETs in parallel."""
+        validate_id(state_id)
+        prefix = self.entries_prefix(state_id)
+        snap_key = self.snapshot_key(state_id)
+        snap_out, page = yield from self._send([self._get(snap_key), self._list(prefix)])
+        if isinstance(snap_out, Exception):
+            if error_code(snap_out) in _NOT_FOUND_CODES:
+                return None
+            self._raise(snap_out, snap_key, "GetObject")
+        assert isinstance(snap_out, dict)
+        stored = self._stored_snapshot(state_id, snap_out)
+        generation = stored.version.generation
+        entries: dict[int, dict[str, Any]] = {}
+        yield from self._fetch_entries(state_id, generation, page, entries)
+
+        # A writer may have added entries between our listing and our snapshot GET.
+        covered = stored.snapshot.get("entries")
+        for _ in range(3):
+            if not isinstance(covered, int) or len(entries) >= covered:
+                break
+            last = self.entry_key(state_id, generation, max(entries, default=-1))
+            (page,) = yield from self._send([self._list(prefix, StartAfter=last)])
+            yield from self._fetch_entries(state_id, generation, page, entries)
+
+        self.versions[state_id] = stored.version
+        logger.debug("read %s: %d entries", self.url(snap_key), len(entries))
+        return Record([entries[seq] for seq in sorted(entries)], stored.snapshot)
+
+    def _fetch_entries(
+        self,
+        state_id: str,
+        generation: str,
+        page: Outcome,
+        into: dict[int, dict[str, Any]],
+    ) -> Steps[None]:
+        """GET the entries of ``generation`` listed in ``page`` and the pages after it.
+
+        Each round lists the next page while it fetches the entries of the current one.
+        """
+        prefix = self.entries_prefix(state_id)
+        while True:
+            if isinstance(page, Exception):
+                self._raise(page, prefix, "ListObjectsV2")
+            assert isinstance(page, dict)
+            wanted: list[tuple[str, int]] = []
+            for item in page.get("Contents", ()):
+                parsed = self.parse_entry_key(state_id, item["Key"])
+                if parsed is None:
+                    logger.debug("ignoring %s: not an entry object", self.url(item["Key"]))
+                elif parsed[0] == generation and parsed[1] not in into:
+                    wanted.append((item["Key"], parsed[1]))
+            token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+            calls = [self._list(prefix, token)] if token else []
+            outcomes = yield from self._send(calls + [self._get(key) for key, _ in wanted])
+            if token:
+                page = outcomes.pop(0)
+            for (key, seq), outcome in zip(wanted, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    self._raise(outcome, key, "GetObject")
+                assert isinstance(outcome, dict)
+                into[seq] = self._entry(outcome, key, seq)
+            if not token:
+                return
+
+    # List ------------------------------------------------------------------------------
+
+    def list_states(self) -> Steps[list[SavedState]]:
+        """One ListObjectsV2 per 1,000 States (by ``/``), snapshot GETs in parallel."""
+        saved: list[SavedState] = []
+        (page,) = yield from self._send([self._list(self.root, Delimiter="/")])
+        while True:
+            if isinstance(page, Exception):
+                self._raise(page, self.root, "ListObjectsV2")
+            assert isinstance(page, dict)
+            ids = []
+            for common in page.get("CommonPrefixes", ()):
+                name = common["Prefix"][len(self.root) :].rstrip("/")
+                try:
+                    ids.append(validate_id(name))
+                except ValueError:
+                    logger.debug("ignoring %s: not a State id", self.url(common["Prefix"]))
+            token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+            calls = [self._list(self.root, token, Delimiter="/")] if token else []
+            outcomes = yield from self._send(
+                calls + [self._get(self.snapshot_key(i)) for i in ids]
+            )
+            if token:
+                page = outcomes.pop(0)
+            for state_id, outcome in zip(ids, outcomes, strict=True):
+                key = self.snapshot_key(state_id)
+                if isinstance(outcome, Exception):
+                    if error_code(outcome) in _NOT_FOUND_CODES:
+                        continue  # a create that did not finish, or a State being deleted
+                    self._raise(outcome, key, "GetObject")
+                assert isinstance(outcome, dict)
+                snapshot = self._decode(outcome["Body"], key)
+                try:
+                    saved.append(SavedState.from_snapshot(state_id, snapshot))
+                except (KeyError, TypeError, ValueError) as e:
+                    raise CorruptStateError(
+                        f"{self.url(key)} is not an alpineagents snapshot ({e!r})"
+                    ) from e
+            if not token:
+                break
+        saved.sort(key=lambda s: s.updated_at, reverse=True)
+        return saved
+
+    # Delete ----------------------------------------------------------------------------
+
+    def delete(self, state_id: str) -> Steps[None]:
+        """List every object of the State, delete the snapshot, then the rest in batches."""
+        validate_id(state_id)
+        prefix = self.state_prefix(state_id)
+        keys = yield from self._list_keys(prefix)
+        snap_key = self.snapshot_key(state_id)
+        self.versions.pop(state_id, None)
+        if snap_key not in keys:
+            if keys:  # leftovers of a create that did not finish
+                yield from self._delete_keys(keys, required=False)
+            raise self._not_found(state_id)
+        # The snapshot first: the State is gone at once, whole.
+        (outcome,) = yield from self._send(
+            [Call("delete_object", {"Bucket": self.bucket, "Key": snap_key})]
+        )
+        if isinstance(outcome, Exception):
+            self._raise(outcome, snap_key, "DeleteObject")
+        yield from self._delete_keys([k for k in keys if k != snap_key], required=True)
+        logger.debug("deleted %s: %d objects", self.url(prefix), len(keys))
+
+    def _list_keys(self, prefix: str) -> Steps[list[str]]:
+        keys: list[str] = []
+        for item in (yield from self._list_all(prefix)):
+            keys.append(item["Key"])
+        return keys
+
+    def _list_all(self, prefix: str) -> Steps[list[dict[str, Any]]]:
+        items: list[dict[str, Any]] = []
+        token = None
+        while True:
+            (page,) = yield from self._send([self._list(prefix, token)])
+            if isinstance(page, Exception):
+                self._raise(page, prefix, "ListObjectsV2")
+            assert isinstance(page, dict)
+            items.extend(page.get("Contents", ()))
+            token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+            if not token:
+                return items
+
+    def _delete_keys(self, keys: Iterable[str], *, required: bool) -> Steps[None]:
+        """DeleteObjects in batches of 1,000, in parallel. Failures raise if ``required``."""
+        keys = list(keys)
+        batches = [keys[i : i + PAGE] for i in range(0, len(keys), PAGE)]
+        calls = [
+            Call(
+                "delete_objects",
+                {
+                    "Bucket": self.bucket,
+                    "Delete": {"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                },
+            )
+            for batch in batches
+        ]
+        outcomes = yield from self._send(calls)
+        for batch, outcome in zip(batches, outcomes, strict=True):
+            failure: StoreError | Exception | None = None
+            if isinstance(outcome, Exception):
+                failure = self.error(outcome, batch[0], "DeleteObjects")
+            elif outcome.get("Errors"):
+                first = outcome["Errors"][0]
+                response: Any = {
+                    "Error": {"Code": first.get("Code"), "Message": first.get("Message")},
+                    "ResponseMetadata": {},
+                }
+                failure = self.error(
+                    ClientError(response, "DeleteObjects"),
+                    first.get("Key", batch[0]),
+                    f"DeleteObjects ({len(outcome['Errors'])} of {len(batch)} keys failed)",
+                )
+            if failure is None:
+                continue
+            if required:
+                raise failure
+            logger.warning("could not remove leftover objects: %s", failure)
+
+    # Objects ---------------------------------------------------------------------------
+
+    def objects(self, state_id: str) -> Steps[list[StoredObject]]:
+        """Every object of a State with its size and role, in key order."""
+        validate_id(state_id)
+        prefix = self.state_prefix(state_id)
+        snap_key = self.snapshot_key(state_id)
+        head, listing = yield from self._send(
+            [Call("head_object", {"Bucket": self.bucket, "Key": snap_key}), self._list(prefix)]
+        )
+        generation = None
+        if isinstance(head, Exception):
+            if error_code(head) not in _NOT_FOUND_CODES:
+                self._raise(head, snap_key, "HeadObject")
+        else:
+            generation = head.get("Metadata", {}).get(GENERATION_META)
+        if isinstance(listing, Exception):
+            self._raise(listing, prefix, "ListObjectsV2")
+        assert isinstance(listing, dict)
+        items = list(listing.get("Contents", ()))
+        if listing.get("IsTruncated"):
+            items = yield from self._list_all(prefix)
+        found = []
+        for item in items:
+            key = item["Key"]
+            parsed = self.parse_entry_key(state_id, key)
+            seq = parsed[1] if parsed else None
+            if key == snap_key:
+                kind = "snapshot"
+            elif parsed is None:
+                kind = "other"
+            else:
+                kind = "entry" if parsed[0] == generation else "abandoned"
+            found.append(StoredObject(key, int(item["Size"]), kind, seq, item["LastModified"]))
+        return found
