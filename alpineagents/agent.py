@@ -17,9 +17,10 @@ When the run ends with an exception (Ctrl+C, ``sys.exit``, SIGTERM turned into
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import logging
+import queue
+import threading
 import warnings
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, Final, Literal
@@ -324,14 +325,22 @@ class Agent:
             self._record_result(state, call, tool.call(call["input"]))
             self._save_result(state)
         elif runnable:
-            pool = concurrent.futures.ThreadPoolExecutor(len(runnable), "alpineagents-tool")
-            try:
-                futures = {pool.submit(tool.call, call["input"]): call for call, tool in runnable}
-                for future in concurrent.futures.as_completed(futures):
-                    self._record_result(state, futures[future], future.result())
-                    self._save_result(state)
-            finally:
-                pool.shutdown(wait=False, cancel_futures=True)
+            # Daemon threads: a process told to stop (SIGTERM, Ctrl+C) does not wait for them.
+            done: queue.SimpleQueue[tuple[dict[str, Any], ToolOutcome | BaseException]]
+            done = queue.SimpleQueue()
+            for call, tool in runnable:
+                threading.Thread(
+                    target=_call_into,
+                    args=(tool, call, done),
+                    name=f"tool-{tool.name}",
+                    daemon=True,
+                ).start()
+            for _ in runnable:
+                call, outcome = done.get()
+                if isinstance(outcome, BaseException):
+                    raise outcome  # SystemExit or KeyboardInterrupt inside a tool ends the run
+                self._record_result(state, call, outcome)
+                self._save_result(state)
         self._handle_builtins(state)
 
     async def ause_tools(self, state: State) -> None:
@@ -505,6 +514,17 @@ class Agent:
         if self.store is None:
             raise ValueError("this Agent has no store: give it one with Agent(store=...)")
         return self.store
+
+
+def _call_into(
+    tool: Tool,
+    call: dict[str, Any],
+    done: queue.SimpleQueue[tuple[dict[str, Any], ToolOutcome | BaseException]],
+) -> None:
+    try:
+        done.put((call, tool.call(call["input"])))
+    except BaseException as e:  # not an Exception: Tool.call turns those into error results
+        done.put((call, e))
 
 
 def _check_state(state: object) -> None:
