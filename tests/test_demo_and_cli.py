@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from alpineagents import Agent, FileStore, State
 from alpineagents.cli import main
@@ -42,3 +43,60 @@ def test_cli_lists_shows_and_deletes(tmp_path: Path, capsys) -> None:  # type: i
     assert main(["delete", str(tmp_path), "one"]) == 0
     assert main(["show", str(tmp_path), "one"]) == 1
     assert "no saved State with id 'one'" in capsys.readouterr().err
+
+
+def test_demo_with_an_api_key_talks_to_the_messages_api() -> None:
+    """With ANTHROPIC_API_KEY set the demo uses the SDK; here the API is a loopback server."""
+    import itertools
+
+    from tests.loopback_anthropic import loopback, message, tool_use
+
+    ids = itertools.count(1)
+
+    def assistant(body: dict[str, Any]) -> dict[str, Any]:
+        results = [
+            block["content"]
+            for m in body["messages"]
+            if m["role"] == "user" and isinstance(m["content"], list)
+            for block in m["content"]
+            if block.get("type") == "tool_result"
+        ]
+        if not results:
+            return message(
+                tool_use(
+                    f"toolu_{next(ids)}", "search_flights", destination="Oslo", date="2026-12-12"
+                )
+            )
+        last = results[-1]
+        if "price_eur" in last:
+            return message(
+                tool_use(
+                    f"toolu_{next(ids)}", "book_flight", flight="SK4711", passenger="Ada Lovelace"
+                )
+            )
+        if last.startswith("(unknown:"):
+            return message(
+                tool_use(f"toolu_{next(ids)}", "check_booking", passenger="Ada Lovelace")
+            )
+        return message(tool_use(f"toolu_{next(ids)}", "finish", answer="Booked once."))
+
+    with loopback(assistant) as api:
+        env = {**os.environ, **api.env()}
+        done = subprocess.run(
+            [sys.executable, "-m", "alpineagents.demo"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "Model: Claude" in done.stdout
+    assert "answer: Booked once." in done.stdout
+    assert "book_flight ran 1 time(s)" in done.stdout
+    assert all(r["model"] == "claude-sonnet-5" for r in api.requests)
+    assert [t["name"] for t in api.requests[0]["tools"]][:3] == [
+        "search_flights",
+        "book_flight",
+        "check_booking",
+    ]
