@@ -27,7 +27,7 @@ __all__ = ["S3Store"]
 
 _SSE_MODES: Final = ("AES256", "aws:kms", "aws:kms:dsse")
 # Used unless AWS_RETRY_MODE / AWS_MAX_ATTEMPTS or the profile's config say otherwise.
-DEFAULT_RETRIES: Final = {"mode": "standard", "max_attempts": 5}
+DEFAULT_RETRIES: Final = {"mode": "standard", "total_max_attempts": 5}
 
 EventHook = Callable[..., Any]
 
