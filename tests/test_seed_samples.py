@@ -155,3 +155,34 @@ def test_chat_loop_resumes_the_last_conversation_after_a_kill(tmp_path: Path) ->
     files = sorted((root / saved.id).iterdir())
     assert [f.name for f in files] == ["entries.jsonl", "snapshot.json"]
     assert {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+
+
+@pytest.mark.crash
+def test_chat_loop_saves_the_message_before_the_next_run(tmp_path: Path) -> None:
+    # chat.py runs unchanged; a wrapper holds its second agent.run before it does anything,
+    # so only agent.save(state) can have saved the person's message when the kill comes.
+    shutil.copy(SCRIPTS / "chat.py", tmp_path / "chat.py")
+    requests: list[dict[str, Any]] = []
+
+    def respond(body: dict[str, Any]) -> dict[str, Any]:
+        requests.append(body)
+        return message(text("Hello! What shall we plan?"))
+
+    with loopback(respond) as server:
+        with child(
+            "chat_stopped_before_run.py", env=server.env(), cwd=tmp_path, stdin=subprocess.PIPE
+        ) as proc:
+            out = LineReader(proc)
+            _type(proc, "Plan a weekend.")
+            assert out.line() == "> Hello! What shall we plan?"
+            _type(proc, "Somewhere with lakes.")
+            wait_for_file(tmp_path / "second-run.started", proc)
+            sigkill(proc)
+            out.rest()
+
+    assert len(requests) == 1
+    store = FileStore(tmp_path / ".agent-runs")
+    [saved] = store.list()
+    assert stored_kinds(store, saved.id) == ["task", "model", "user"]
+    state = store.load(saved.id)
+    assert state.history[-1].text == "Somewhere with lakes."
