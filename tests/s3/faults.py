@@ -53,7 +53,10 @@ class Refuse:
                     return None
                 self.left -= 1
             self.refused += 1
-        return AWSResponse(params["url"], self.status, {}, None), _error(self.status, self.code)
+        headers: Any = {}
+        return AWSResponse(params["url"], self.status, headers, None), _error(
+            self.status, self.code
+        )
 
 
 class _Raw:
@@ -76,7 +79,8 @@ class Throttle:
             return None
         self.left -= 1
         body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
-        return AWSResponse(request.url, 503, {}, _Raw(body))
+        headers: Any = {}
+        return AWSResponse(request.url, 503, headers, _Raw(body))
 
 
 class LoseAnswers:

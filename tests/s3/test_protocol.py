@@ -310,7 +310,7 @@ def test_entries_written_while_loading_are_not_missed(
     state = State("moving", id="moving")
     _saving.save(writer, state)
     listed = threading.Event()
-    wrote = []
+    wrote: list[bool] = []
 
     def after_list(**kwargs: Any) -> None:
         listed.set()

@@ -1,0 +1,111 @@
+"""Real processes: killed with SIGKILL mid-save, and racing to create one id."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alpineagents import _saving
+from alpineagents._resume import UNKNOWN_RESULT
+from alpineagents.state import MODEL, TASK, TOOL_RESULT, USER
+from alpineagents_s3 import S3Store
+from tests.s3.conftest import MakeBucket
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.s3._child", *args],
+        cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )
+
+
+def run_child(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.s3._child", *args],
+        cwd=ROOT, text=True, capture_output=True, timeout=60,
+    )
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_killed_between_entry_puts_and_snapshot_put_loses_nothing(
+    mode: str, moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    bucket = moto_bucket()
+    done = run_child("crash-before-snapshot", moto_url, bucket, "killed", mode)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+    with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
+        objects = store.objects("killed")
+        assert [o.kind for o in objects] == ["entry"] * 4 + ["snapshot"]
+        state = store.load("killed")  # the snapshot accounts for 1 entry; 3 more are replayed
+        assert [e.kind for e in state.history] == [TASK, MODEL, TOOL_RESULT, USER]
+        assert state.history[-1].text == "and then?"
+        assert not state.open_calls()
+        # The resumed State saves on: its snapshot catches up.
+        state.add_user_message("resumed")
+        assert _saving.save(store, state) is True
+        assert len(store.load("killed").history) == 5
+
+
+@pytest.mark.crash
+def test_killed_after_a_tool_result_saved_alone_keeps_it(
+    moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    bucket = moto_bucket()
+    done = run_child("crash-after-tool-result", moto_url, bucket, "tools")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+    with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
+        state = store.load("tools")
+    results = {e.data["call_id"]: e.text for e in state.history if e.kind == TOOL_RESULT}
+    assert results == {"fast": "fast result", "slow": UNKNOWN_RESULT}
+
+
+@pytest.mark.integration
+def test_processes_creating_one_id_at_once_have_one_winner(
+    localstack_url: str, localstack_bucket: MakeBucket
+) -> None:
+    bucket = localstack_bucket()
+    writers = [
+child("race", localstack_url, bucket, str(n)) for n in range(4)
+    ]
+    rounds = 10
+    try:
+        for writer in writers:
+            assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        outcomes: dict[str, list[str]] = {}
+        for round_ in range(rounds):
+            state_id = f"race-{round_}"
+            for writer in writers:  # as close together as pipes allow
+                assert writer.stdin is not None
+                writer.stdin.write(f"go {state_id}\n")
+                writer.stdin.flush()
+            outcomes[state_id] = [
+                w.stdout.readline().strip() for w in writers if w.stdout is not None
+            ]
+    finally:
+        for writer in writers:
+            assert writer.stdin is not None and writer.stdout is not None
+            writer.stdin.close()
+            writer.wait(timeout=30)
+            writer.stdout.close()
+
+    with S3Store(bucket, "runs", endpoint_url=localstack_url) as store:
+        for state_id, lines in outcomes.items():
+            won = [n for n, line in enumerate(lines) if line == f"won {state_id}"]
+            assert len(won) == 1, lines
+            assert all(
+                line == f"lost {state_id} StateExistsError"
+                for line in lines if not line.startswith("won")
+            ), lines
+            assert store.load(state_id).task == f"writer {won[0]}"
+            # The losers left nothing behind.
+            assert [o.kind for o in store.objects(state_id)] == ["entry", "snapshot"]
+        assert len(store.list()) == rounds

@@ -1,0 +1,258 @@
+"""The S3Store object: opening by URL, identity, boto configuration, event loops, clients,
+large listings and deletes, the demo helpers, and the install hint."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta
+
+import boto3
+import pytest
+from moto.core.models import DEFAULT_ACCOUNT_ID
+from moto.s3.models import s3_backends
+from types_boto3_s3 import S3Client
+
+from alpineagents import _saving
+from alpineagents.state import State
+from alpineagents.store import open_store
+from alpineagents.testing._store_suite import make_entries, make_snapshot
+from alpineagents_s3 import RequestLog, S3Store, embedded_moto
+from alpineagents_s3._protocol import GENERATION_META, encode
+from tests.s3.conftest import MakeBucket
+
+# Opening and identity -----------------------------------------------------------------------
+
+
+def test_open_store_finds_s3store_by_scheme(moto_url: str, moto_bucket: MakeBucket) -> None:
+    bucket = moto_bucket()
+    store = open_store(f"s3://{bucket}/team/runs", endpoint_url=moto_url, max_concurrency=4)
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.prefix, store.max_concurrency) == (bucket, "team/runs/", 4)
+    assert store == S3Store(bucket, "/team/runs/", endpoint_url=moto_url)
+    _saving.save(store, State("via url", id="u"))
+    assert S3Store(bucket, "team/runs", endpoint_url=moto_url).load("u").task == "via url"
+    store.close()
+    bare = S3Store.from_url(f"s3://{bucket}")
+    assert bare.prefix == "" and bare.bucket == bucket
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://", "s3:///prefix", "file:///tmp/x", "s3://bucket/p?endpoint_url=x"]
+)
+def test_from_url_refuses_what_is_not_an_s3_url(url: str) -> None:
+    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+        S3Store.from_url(url)
+
+
+def test_same_endpoint_bucket_and_prefix_is_the_same_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    local = "http://127.0.0.1:9000"
+    a = S3Store("bucket", "runs", endpoint_url=local)
+    assert a == S3Store("bucket", "runs/", endpoint_url=local + "/")
+    assert hash(a) == hash(S3Store("bucket", "/runs", endpoint_url=local))
+    assert a != S3Store("bucket", "other", endpoint_url=local)
+    assert a != S3Store("bucket2", "runs", endpoint_url=local)
+    assert a != S3Store("bucket", "runs", endpoint_url="http://127.0.0.1:9001")
+    assert a != S3Store("bucket", "runs")  # AWS
+    # AWS endpoints are one S3: bucket names are global.
+    assert S3Store("bucket") == S3Store("bucket", endpoint_url="https://s3.eu-west-1.amazonaws.com")
+    # The endpoint from the standard configuration counts as given.
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", local)
+    assert S3Store("bucket", "runs") == a
+    assert "127.0.0.1:9000" in repr(S3Store("bucket", "runs"))
+    assert repr(S3Store("bucket", "runs", endpoint_url="https://s3.amazonaws.com")) == (
+        "S3Store('s3://bucket/runs/')"
+    )
+
+
+def test_invalid_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="bucket"):
+        S3Store("")
+    with pytest.raises(ValueError, match="bucket"):
+        S3Store("a/b")
+    with pytest.raises(ValueError, match="prefix"):
+        S3Store("bucket", "a//b")
+    with pytest.raises(ValueError, match="max_concurrency"):
+        S3Store("bucket", max_concurrency=0)
+    with pytest.raises(ValueError, match="invalid State id"):
+        S3Store("bucket").write("../x", [], None)
+
+
+def test_standard_boto_configuration_works_unchanged(
+    moto_url: str, moto_bucket: MakeBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = moto_bucket()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_url)
+    with S3Store(bucket, "runs") as store:  # no endpoint_url: the environment's
+        _saving.save(store, State("configured", id="c"))
+        assert store.client.meta.endpoint_url == moto_url
+        assert [s.id for s in store.list()] == ["c"]
+
+
+def test_a_state_saved_through_one_store_object_continues_through_an_equal_one(
+    moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    bucket = moto_bucket()
+    state = State("moves between store objects", id="m")
+    with S3Store(bucket, endpoint_url=moto_url) as first:
+        _saving.save(first, state)
+    state.add_user_message("later")
+    with S3Store(bucket, endpoint_url=moto_url) as second:
+        assert _saving.save(second, state) is True
+        assert len(second.load("m").history) == 2
+
+
+def test_a_given_client_is_used_and_not_closed(moto_url: str, moto_bucket: MakeBucket) -> None:
+    bucket = moto_bucket()
+    client = boto3.client("s3", endpoint_url=moto_url)
+    try:
+        store = S3Store(bucket, client=client)
+        assert store.client is client
+        assert store == S3Store(bucket, endpoint_url=moto_url)
+        _saving.save(store, State("given client", id="g"))
+        store.close()
+        assert client.head_object(Bucket=bucket, Key="g/snapshot.json")["ContentLength"] > 0
+    finally:
+        client.close()
+
+
+# Event loops ---------------------------------------------------------------------------------
+
+
+def test_one_store_serves_one_event_loop_after_another(
+    moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    """A serverless handler calls asyncio.run per event, with or without aclose()."""
+    store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
+    clients = []
+
+    async def handle(event: int, close: bool) -> None:
+        if event == 0:
+            await _saving.asave(store, State("per event", id="e"))
+        state = await store.aload("e")
+        state.add_user_message(f"event {event}")
+        await _saving.asave(store, state)
+        clients.append(await store._async.client())
+        if close:
+            await store.aclose()
+
+    for event in range(4):
+        asyncio.run(handle(event, close=event % 2 == 0))
+    assert len({id(c) for c in clients}) == 4  # a client per loop, each closed with its loop
+    assert [e.text for e in store.load("e").history][-4:] == [f"event {n}" for n in range(4)]
+    store.close()
+    gc.collect()  # an unclosed aiohttp session would warn here, and warnings are errors
+
+
+def test_async_with_closes_the_client(moto_url: str, moto_bucket: MakeBucket) -> None:
+    bucket = moto_bucket()
+
+    async def main() -> None:
+        async with S3Store(bucket, endpoint_url=moto_url) as store:
+            await store.awrite("w", make_entries(0, 1), make_snapshot("w", 1), create=True)
+            assert store._async._opened
+        assert not store._async._opened
+
+    asyncio.run(main())
+    gc.collect()
+
+
+# Large listings and deletes --------------------------------------------------------------------
+
+
+def _seed(bucket: str, objects: dict[str, tuple[bytes, dict[str, str]]]) -> None:
+    """Put objects straight into moto's backend (this process runs the server): fast set-up
+    for tests about a thousand objects and more. The store reads them over HTTP."""
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+    for key, (body, metadata) in objects.items():
+        stored = backend.put_object(bucket, key, body)
+        if metadata:
+            stored.set_metadata(metadata)
+
+
+def test_list_pages_past_a_thousand_states(moto_url: str, moto_bucket: MakeBucket) -> None:
+    bucket = moto_bucket()
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    objects: dict[str, tuple[bytes, dict[str, str]]] = {}
+    for n in range(1005):
+        snapshot = make_snapshot(
+            f"s{n:04d}", 1, updated_at=(start + timedelta(minutes=n)).isoformat()
+        )
+        objects[f"runs/s{n:04d}/snapshot.json"] = (encode(snapshot), {GENERATION_META: "ab"})
+    _seed(bucket, objects)
+    log = RequestLog()
+    with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=log.hooks) as store:
+        listed = store.list()
+    assert len(listed) == 1005
+    assert [s.id for s in listed[:2]] == ["s1004", "s1003"] and listed[-1].id == "s0000"
+    assert log.counts() == {"LIST": 2, "GET": 1005}
+
+
+def test_delete_removes_every_object_in_batches(
+    moto_url: str, moto_bucket: MakeBucket, moto: S3Client
+) -> None:
+    bucket = moto_bucket()
+    with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
+        store.write("big", make_entries(0, 1), make_snapshot("big", 1), create=True)
+        generation = store._protocol.versions["big"].generation
+    objects: dict[str, tuple[bytes, dict[str, str]]] = {
+        f"runs/big/entries/{generation}/{e['seq']:010d}.json": (encode(e), {})
+        for e in make_entries(1, 1500)
+    }
+    _seed(bucket, objects)
+    log = RequestLog()
+    with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=log.hooks) as store:
+        assert len(store.objects("big")) == 1501
+        log.clear()
+        store.delete("big")
+        with pytest.raises(KeyError, match="big"):
+            store.delete("big")
+    kinds = [(r.operation, r.kind) for r in log.requests]
+    assert kinds.count(("DeleteObject", "DELETE")) == 1  # the snapshot, first
+    assert kinds.count(("DeleteObjects", "DELETE")) == 2  # 1,499 entries, 1,000 a request
+    assert kinds.index(("DeleteObject", "DELETE")) < kinds.index(("DeleteObjects", "DELETE"))
+    assert moto.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+# Helpers for demos ----------------------------------------------------------------------------
+
+
+def test_embedded_moto_serves_a_demo_and_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    with embedded_moto("demo-bucket", versioned=True) as url:
+        assert url.startswith("http://127.0.0.1:")
+        assert os.environ["AWS_ACCESS_KEY_ID"] == "testing"
+        with S3Store("demo-bucket", "runs", endpoint_url=url) as store:
+            state = State("demo", id="demo")
+            _saving.save(store, state)
+            layout = [(o.key, o.kind) for o in store.objects("demo")]
+        assert layout[-1] == ("runs/demo/snapshot.json", "snapshot")
+        assert layout[0][1] == "entry" and layout[0][0].endswith("/0000000000.json")
+    assert "AWS_ACCESS_KEY_ID" not in os.environ
+
+
+def test_without_the_extra_the_import_says_what_to_install(tmp_path: object) -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["boto3"] = None  # as if boto3 were not installed
+        import alpineagents
+        assert "botocore" not in sys.modules, "the core imported botocore"
+        try:
+            import alpineagents_s3
+        except ImportError as e:
+            print(e)
+        else:
+            raise SystemExit("imported without boto3")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "pip install 'alpineagents[s3]'" in done.stdout
