@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from alpineagents import Agent, FileStore, State
+from alpineagents import Agent, FileStore, HistoryEntry, State
+from alpineagents._serialize import entry_to_dict
 from alpineagents.model import ModelRequest, ModelResponse
 from alpineagents.testing import FunctionModel
 from tests.loopback_anthropic import loopback, message, text, tool_use
@@ -261,9 +262,6 @@ def test_killed_between_the_compaction_entry_and_the_snapshot(tmp_path: Path) ->
 def test_the_notice_names_the_calls_saved_after_a_compaction_and_they_get_no_result(
     tmp_path: Path,
 ) -> None:
-    from alpineagents._serialize import entry_to_dict
-    from alpineagents.state import HistoryEntry
-
     store = FileStore(tmp_path)
     sent: list[dict[str, Any]] = []
 
