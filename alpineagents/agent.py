@@ -346,13 +346,16 @@ class Agent:
     async def ause_tools(self, state: State) -> None:
         """Async ``use_tools``: async tools are awaited, sync tools run on worker threads."""
         runnable = self._prepare_calls(state)
-        tasks = {asyncio.ensure_future(tool.acall(call["input"])): call for call, tool in runnable}
+        tasks = {asyncio.ensure_future(_acall_into(tool, call)): call for call, tool in runnable}
         try:
             pending = set(tasks)
             while pending:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in finished:
-                    self._record_result(state, tasks[task], task.result())
+                    outcome = task.result()
+                    if isinstance(outcome, BaseException):
+                        raise outcome  # SystemExit or KeyboardInterrupt inside a tool ends the run
+                    self._record_result(state, tasks[task], outcome)
                     await self._asave_result(state)
         finally:
             for task in tasks:
@@ -466,7 +469,8 @@ class Agent:
         return sum(usage.values()) >= self.compact_at
 
     def _compacted_last(self, state: State, entry: HistoryEntry) -> bool:
-        return any(e.kind == COMPACTION for e in state.history[entry.seq + 1 :])
+        """Whether a compaction in the conversation follows ``entry``."""
+        return any(e.kind == COMPACTION and e.seq > entry.seq for e in state.live_entries())
 
     def _compaction_request(self, state: State) -> tuple[ModelRequest, int]:
         live = state.live_entries()
@@ -525,6 +529,15 @@ def _call_into(
         done.put((call, tool.call(call["input"])))
     except BaseException as e:  # not an Exception: Tool.call turns those into error results
         done.put((call, e))
+
+
+async def _acall_into(tool: Tool, call: dict[str, Any]) -> ToolOutcome | BaseException:
+    # asyncio lets SystemExit and KeyboardInterrupt escape a task straight out of the loop;
+    # caught here, they reach the run's own task and end the run as they do under `run`.
+    try:
+        return await tool.acall(call["input"])
+    except (SystemExit, KeyboardInterrupt) as e:
+        return e
 
 
 def _check_state(state: object) -> None:
