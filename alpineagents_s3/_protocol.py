@@ -549,6 +549,12 @@ class Protocol:
             last = self.entry_key(state_id, generation, max(entries, default=-1))
             (page,) = yield from self._send([self._list(prefix, StartAfter=last)])
             yield from self._fetch_entries(state_id, generation, page, entries)
+        if isinstance(covered, int) and len(entries) < covered:
+            raise CorruptStateError(
+                f"{self.url(snap_key)} accounts for {covered} history entries, but "
+                f"{self.url(prefix)}{generation}/ holds {len(entries)}: entry objects were "
+                "deleted or moved. Restore them from a bucket version, or delete the State"
+            )
 
         self.versions[state_id] = stored.version
         logger.debug("read %s: %d entries", self.url(snap_key), len(entries))

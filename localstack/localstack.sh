@@ -61,7 +61,10 @@ cmd_install() {
         log "creating $VENV with $PYTHON"
         "$PYTHON" -m venv "$VENV"
     fi
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}"
+    # (A pip configuration with find-links folders that do not exist warns once per package:
+    # those lines are dropped, the rest of pip's output is kept.)
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
     "$VENV/bin/python" -c "import localstack.runtime.main" \
         || { log "localstack is installed but does not import"; exit 1; }
     log "installed: $("$VENV/bin/python" -m pip show localstack-core | grep '^Version')"

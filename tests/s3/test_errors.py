@@ -325,3 +325,18 @@ def test_encryption_options_are_checked() -> None:
         S3Store("bucket", server_side_encryption="rot13")
     with pytest.raises(ValueError, match="aws:kms"):
         S3Store("bucket", server_side_encryption="AES256", sse_kms_key_id="k")
+
+
+@both_modes
+def test_a_missing_entry_object_is_named(
+    mode: str, moto_url: str, moto_bucket: MakeBucket, moto: S3Client
+) -> None:
+    bucket = moto_bucket()
+    store = saved_state(moto_url, bucket)
+    moto.delete_object(Bucket=bucket, Key=_key(moto, bucket, "0000000001.json"))
+
+    async def scenario(io: StoreIO) -> None:
+        with pytest.raises(CorruptStateError, match=r"snapshot\.json accounts for 2 .* holds 1"):
+            await io.load("s")
+
+    play(store, mode, scenario)
