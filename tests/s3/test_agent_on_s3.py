@@ -1,0 +1,68 @@
+"""The Agent on S3Store, end to end, with an offline model: run and arun, then resume."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from alpineagents import Agent, State
+from alpineagents.state import TOOL_RESULT
+from alpineagents.testing import TestModel
+from alpineagents_s3 import RequestLog, S3Store
+from tests.s3.conftest import MakeBucket
+
+
+def lookup(city: str) -> str:
+    """Look up the weather of a city."""
+    return f"sunny in {city}"
+
+
+async def forecast(city: str, days: int) -> str:
+    """The forecast for a city."""
+    await asyncio.sleep(0)
+    return f"{days} days of sun in {city}"
+
+
+def test_agent_run_saves_to_s3_with_puts_only_and_resumes_elsewhere(
+    moto_url: str, moto_bucket: MakeBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = moto_bucket()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_url)  # the standard boto configuration
+    log = RequestLog()
+    agent = Agent(TestModel(answer="done"), tools=[lookup, forecast], output_type=str,
+                  store=S3Store(bucket, "runs", event_hooks=log.hooks))
+    state = State("Weather for the trip", id="trip")
+    assert agent.run(state) == "done"
+    assert set(log.counts()) == {"PUT"}  # saving never reads
+    assert agent.store is not None
+    agent.store.close()
+
+    other = Agent(TestModel(answer="done"), tools=[lookup, forecast], store=f"s3://{bucket}/runs")
+    assert other.store is not None
+    loaded = other.store.load("trip")
+    assert loaded.history == state.history and loaded.stopped_by == "finish"
+    results = [e.text for e in loaded.history if e.kind == TOOL_RESULT]
+    assert "sunny in " in results[0] and " days of sun in " in results[1]
+    loaded.add_user_message("And next week?")
+    other.save(loaded)
+    assert other.store.load("trip").history[-1].text == "And next week?"
+    other.store.close()
+
+
+def test_agent_arun_saves_with_aioboto3(moto_url: str, moto_bucket: MakeBucket) -> None:
+    bucket = moto_bucket()
+    log = RequestLog()
+    store = S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=log.hooks)
+    agent = Agent(TestModel(answer="done"), tools=[lookup, forecast], store=store)
+
+    async def main() -> None:
+        async with store:
+            state = State("Weather, async", id="trip")
+            assert await agent.arun(state) == "done"
+            loaded = await store.aload("trip")
+            assert loaded.history == state.history
+
+    asyncio.run(main())
+    assert any(r.condition == "If-None-Match: *" for r in log.requests)
+    assert any((r.condition or "").startswith("If-Match") for r in log.requests)
