@@ -55,7 +55,8 @@ class S3Store(Store):
         region_name: Default: the configured region.
         client: A boto3 S3 client for the sync methods (not closed by the store).
         session: A ``boto3.Session`` to make the sync client with (e.g. a profile).
-        aio_session: An ``aioboto3.Session`` to make the async clients with.
+        aio_session: An ``aioboto3.Session`` to make the async clients with. Default: one
+            with the profile and region of ``session``, if given.
         config: A ``botocore.config.Config`` merged over the store's defaults: retries in
             botocore's ``standard`` mode, 5 attempts (unless ``AWS_RETRY_MODE`` or
             ``AWS_MAX_ATTEMPTS`` or the profile set them), and a connection pool as large as
@@ -202,7 +203,13 @@ class S3Store(Store):
 
     def _open_aio_client(self) -> Any:
         if self._aio_session is None:
-            self._aio_session = aioboto3.Session()
+            # The async side follows the sync session's profile and region, if one was given.
+            given = self._session
+            core = self._botocore_session(given) if given is not None else None
+            self._aio_session = aioboto3.Session(
+                profile_name=core.profile if core is not None else None,
+                region_name=given.region_name if given is not None else None,
+            )
         session = self._aio_session
         return session.client("s3", **self._client_kwargs(session))
 

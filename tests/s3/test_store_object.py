@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import boto3
 import pytest
@@ -256,3 +257,23 @@ def test_without_the_extra_the_import_says_what_to_install(tmp_path: object) -> 
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert "pip install 'alpineagents[s3]'" in done.stdout
+
+
+def test_the_async_side_follows_the_sync_sessions_profile(
+    moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "config"
+    config.write_text("[profile elsewhere]\nregion = eu-west-3\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.delenv("AWS_DEFAULT_REGION")  # it would win over the profile's region
+    session = boto3.Session(profile_name="elsewhere")
+    store = S3Store("bucket", endpoint_url=moto_url, session=session)
+
+    async def regions() -> tuple[str, str]:
+        try:
+            client = await store._async.client()
+            return store.client.meta.region_name, client.meta.region_name
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(regions()) == ("eu-west-3", "eu-west-3")
