@@ -11,11 +11,14 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
-from types_boto3_s3 import S3Client
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 LOCALSTACK_ENV = "ALPINEAGENTS_LOCALSTACK_URL"
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from botocore.config import Config
-from types_boto3_s3 import S3Client
 
 from alpineagents import _saving
 from alpineagents.errors import (
@@ -31,6 +30,9 @@ from alpineagents_s3 import (
 )
 from tests.s3.conftest import MakeBucket
 from tests.s3.faults import Refuse, Throttle, play
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 both_modes = pytest.mark.parametrize("mode", ["sync", "async"])
 

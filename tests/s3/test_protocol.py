@@ -7,10 +7,9 @@ import asyncio
 import re
 import threading
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from types_boto3_s3 import S3Client
 
 from alpineagents import _saving
 from alpineagents.errors import ConcurrentWriteError, StateExistsError
@@ -20,6 +19,9 @@ from alpineagents.testing._store_suite import make_entries, make_snapshot
 from alpineagents_s3 import RequestLog, S3Store
 from tests.s3.conftest import MakeBucket
 from tests.s3.faults import InFlight, LoseAnswers, Refuse, objects, play
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 both_modes = pytest.mark.parametrize("mode", ["sync", "async"])
 

@@ -11,12 +11,12 @@ import sys
 import textwrap
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import boto3
 import pytest
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.s3.models import s3_backends
-from types_boto3_s3 import S3Client
 
 from alpineagents import _saving
 from alpineagents.state import State
@@ -25,6 +25,9 @@ from alpineagents.testing._store_suite import make_entries, make_snapshot
 from alpineagents_s3 import RequestLog, S3Store, embedded_moto
 from alpineagents_s3._protocol import GENERATION_META, encode
 from tests.s3.conftest import MakeBucket
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 # Opening and identity -----------------------------------------------------------------------
 
@@ -238,11 +241,12 @@ def test_embedded_moto_serves_a_demo_and_cleans_up(monkeypatch: pytest.MonkeyPat
     assert "AWS_ACCESS_KEY_ID" not in os.environ
 
 
-def test_without_the_extra_the_import_says_what_to_install(tmp_path: object) -> None:
+@pytest.mark.parametrize("missing", ["boto3", "aioboto3"])
+def test_without_the_extra_the_import_says_what_to_install(missing: str) -> None:
     code = textwrap.dedent(
-        """
+        f"""
         import sys
-        sys.modules["boto3"] = None  # as if boto3 were not installed
+        sys.modules[{missing!r}] = None  # as if it were not installed
         import alpineagents
         assert "botocore" not in sys.modules, "the core imported botocore"
         try:
@@ -250,7 +254,7 @@ def test_without_the_extra_the_import_says_what_to_install(tmp_path: object) -> 
         except ImportError as e:
             print(e)
         else:
-            raise SystemExit("imported without boto3")
+            raise SystemExit("imported without {missing}")
         """
     )
     done = subprocess.run(
