@@ -339,3 +339,20 @@ def test_entries_written_while_loading_are_not_missed(
 
     play(store, mode, scenario)
     writer.close()
+
+
+@both_modes
+def test_a_deleted_id_is_free_again_on_a_versioned_bucket(
+    mode: str, moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    store = new_store(moto_url, moto_bucket(versioned=True))
+
+    async def scenario(io: StoreIO) -> None:
+        await io.save(State("first life", id="again"))
+        await io.delete("again")  # delete markers over every object
+        assert await io.read("again") is None and await io.list() == []
+        second = State("second life", id="again")
+        await io.save(second)
+        assert (await io.load("again")).history == second.history
+
+    play(store, mode, scenario)
