@@ -7,6 +7,7 @@ schema version, so a newer format is refused instead of misread.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -176,11 +177,12 @@ def state_from_record(state_id: str, entries: list[dict[str, Any]], snapshot: An
             f"{where} accounts for {covered!r} history entries, but the store has {len(history)}"
         )
 
-    state = State(snapshot["task"], id=validate_id(state_id), data=snapshot["data"])
+    # The State gets its own copies: `_saved_snapshot` must keep what the store has.
+    state = State(snapshot["task"], id=validate_id(state_id), data=copy.deepcopy(snapshot["data"]))
     state.history = history
     state.stopped_by = snapshot.get("stopped_by")
     state._stop_seq = snapshot.get("stop_seq")
-    state.answer = snapshot.get("answer")
+    state.answer = copy.deepcopy(snapshot.get("answer"))
     state.created_at = datetime.fromisoformat(snapshot["created_at"])
     state.updated_at = datetime.fromisoformat(snapshot["updated_at"])
     state._agent_fingerprint = snapshot.get("agent")

@@ -399,6 +399,21 @@ class StoreConformance:
         assert [e.text for e in again.history][-2:] == ["thanks", "one more"]
 
     @scenario
+    async def test_changes_to_a_loaded_state_are_saved(self, io: StoreIO) -> None:
+        state = State("t", id="changes", data={"n": 1, "nested": {"l": [1]}})
+        state.answer = {"a": [1]}
+        await io.save(state)
+        loaded = await io.load("changes")
+        loaded.data["n"] = 2  # data alone: no new history entry
+        loaded.data["nested"]["l"].append(2)
+        assert await io.save(loaded) is True
+        again = await io.load("changes")
+        assert again.data == {"n": 2, "nested": {"l": [1, 2]}}
+        again.answer["a"].append(2)
+        assert await io.save(again) is True
+        assert (await io.load("changes")).answer == {"a": [1, 2]}
+
+    @scenario
     async def test_new_state_with_a_saved_id_is_refused(self, io: StoreIO) -> None:
         await io.save(State("first", id="same"))
         second = State("second", id="same")
