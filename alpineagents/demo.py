@@ -110,7 +110,10 @@ def make_model() -> Model | str:
 
 def child(store_url: str, resume: bool) -> None:
     """One process of the demo: start the run, or resume it."""
-    store = open_store(store_url)
+    options = {}
+    if store_url.startswith("s3://"):
+        options["event_hooks"] = _request_file_hooks(Path(os.environ["DEMO_REQUESTS"]))
+    store = open_store(store_url, **options)
     agent = Agent(make_model(), system=SYSTEM, tools=TOOLS, store=store)
     state = store.load(STATE_ID) if resume else State(TASK, id=STATE_ID)
     print(f"   answer: {agent.run(state)}", flush=True)
@@ -142,6 +145,7 @@ def run_demo(store_url: str, workdir: Path) -> None:
     env = {
         **os.environ,
         "DEMO_LEDGER": str(workdir / "airline-ledger.jsonl"),
+        "DEMO_REQUESTS": str(workdir / "s3-requests.jsonl"),
         "DEMO_CONFIRM_SECONDS": "30",
     }
     model = "Claude" if os.environ.get("ANTHROPIC_API_KEY") else "an offline scripted model"
@@ -183,11 +187,50 @@ def run_demo(store_url: str, workdir: Path) -> None:
         if bookings == 1
         else f"\nbook_flight ran {bookings} times."
     )
-    describe = getattr(store, "describe_objects", None)
-    if describe is not None:
-        print("\n== the objects in the bucket ==")
-        for line in describe(STATE_ID):
-            print(f"   {line}")
+    if store_url.startswith("s3://"):
+        show_objects(store, Path(env["DEMO_REQUESTS"]))
+
+
+def _request_file_hooks(path: Path) -> dict[str, Callable[..., Any]]:
+    """Botocore hooks that append each S3 request of this process to ``path``."""
+    import dataclasses
+    import threading
+
+    from alpineagents_s3 import RequestLog
+
+    log, lock = RequestLog(), threading.Lock()
+    (record,) = log.hooks.values()
+
+    def persist(**kwargs: Any) -> None:
+        with lock:
+            record(**kwargs)
+            with path.open("a") as out:
+                out.write(json.dumps(dataclasses.asdict(log.requests[-1])) + "\n")
+
+    return {"before-send.s3": persist}
+
+
+def show_objects(store: Store, requests_file: Path) -> None:
+    """Print the State's objects in the bucket and the requests both processes sent."""
+    requests = [json.loads(line) for line in requests_file.read_text().splitlines()]
+    puts: dict[str, list[str]] = {}
+    for request in requests:
+        if request["kind"] == "PUT":
+            key = request["path"].split("/", 2)[2]  # /bucket/key, path-style
+            puts.setdefault(key, []).append(request["condition"] or "unconditional")
+    print("\n== the State's objects in the bucket (store.objects) ==")
+    for obj in store.objects(STATE_ID):  # type: ignore[attr-defined]
+        conditions = [c.split(":")[0] for c in puts.get(obj.key, [])]
+        how = "created with If-None-Match: *" if conditions[:1] == ["If-None-Match"] else "-"
+        if conditions.count("If-Match"):
+            how += f", then replaced {conditions.count('If-Match')} x with If-Match: <our ETag>"
+        print(f"   {obj.key:<58} {obj.size:>4} B  {obj.kind:<8}  {how}")
+    kinds: dict[str, int] = {}
+    for request in requests:
+        kinds[request["kind"]] = kinds.get(request["kind"], 0) + 1
+    conditional = sum(1 for r in requests if r["kind"] == "PUT" and r["condition"])
+    counted = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    print(f"\n   requests of both processes: {counted}; {conditional} of the PUTs conditional")
 
 
 @contextlib.contextmanager
@@ -198,14 +241,9 @@ def demo_store(choice: str, workdir: Path) -> Iterator[str]:
     elif choice == "s3":
         from alpineagents_s3 import embedded_moto
 
-        with embedded_moto() as endpoint:
-            os.environ.setdefault("AWS_ACCESS_KEY_ID", "demo")
-            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "demo")
-            os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-            os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
-            import boto3
-
-            boto3.client("s3").create_bucket(Bucket="alpineagents-demo")
+        with embedded_moto("alpineagents-demo") as endpoint:
+            os.environ["AWS_ENDPOINT_URL_S3"] = endpoint  # the child processes inherit it
+            print(f"Embedded S3 server (moto) on {endpoint}")
             yield "s3://alpineagents-demo/runs/"
     else:
         yield choice

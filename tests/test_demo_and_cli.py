@@ -100,3 +100,22 @@ def test_demo_with_an_api_key_talks_to_the_messages_api() -> None:
         "book_flight",
         "check_booking",
     ]
+
+
+def test_demo_on_an_embedded_s3_server_shows_the_objects() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AWS_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "alpineagents.demo", "--store", "s3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Store: s3://alpineagents-demo/runs/" in out
+    assert "book_flight ran 1 time(s)" in out
+    assert "runs/book-oslo-trip/snapshot.json" in out
+    assert "created with If-None-Match: *, then replaced" in out
+    assert out.count("entry     created with If-None-Match: *") == 9
