@@ -22,6 +22,7 @@ from alpineagents.state import (
     USER,
     HistoryEntry,
     State,
+    ends_turn,
     tool_calls,
 )
 
@@ -43,6 +44,11 @@ def continue_loaded(state: State, covered: int) -> None:
     if stop is not None:
         skipped = history[stop:]
         state.append(NOTICE, missing_steps_notice(skipped), {"skipped": [stop, len(history)]})
+    live = state.live_entries()
+    if live and ends_turn(live[-1]) and state._stop_seq != len(history):
+        # The reply was saved, the stop was not: the run had ended with that reply.
+        state.stopped_by, state.answer = "reply", live[-1].text
+        state._stop_seq = len(history)
     for call in state.open_calls():
         if call["name"] not in BUILTIN_TOOLS:
             state.append(
@@ -55,26 +61,39 @@ def continue_loaded(state: State, covered: int) -> None:
 def missing_steps_notice(skipped: list[HistoryEntry]) -> str:
     """The notice for entries that were saved but cannot be replayed."""
     first = skipped[0]
-    calls = [
-        f"{call['name']}({json.dumps(call.get('input', {}), ensure_ascii=False)})"
-        for entry in skipped
-        if entry.kind == MODEL
-        for call in tool_calls(entry)
-        if call["name"] not in BUILTIN_TOOLS
-    ]
+    results = {e.data.get("call_id"): e for e in skipped if e.kind == TOOL_RESULT}
+    uncertain, ran = [], []
+    for entry in skipped:
+        if entry.kind != MODEL:
+            continue
+        for call in tool_calls(entry):
+            if call["name"] in BUILTIN_TOOLS:
+                continue
+            text = f"{call['name']}({json.dumps(call.get('input', {}), ensure_ascii=False)})"
+            result = results.get(call["id"])
+            if result is None:
+                uncertain.append(text)
+            else:
+                ran.append(f"{text} -> {_clip(result.text)}")
     messages = [repr(e.text) for e in skipped if e.kind == USER]
     parts = [
         f"(notice: the run stopped while it was being saved. The steps saved from entry "
         f"{first.seq} on ({first.kind} and after) could not be replayed, so the conversation "
         "continues from the last complete save and those steps are missing here."
     ]
-    if calls:
+    if uncertain:
         parts.append(
-            "These tool calls may or may not have run: " + "; ".join(calls) + ". Check whether "
-            "they took effect before relying on them or running them again."
+            "These tool calls may or may not have run: " + "; ".join(uncertain) + ". Check "
+            "whether they took effect before relying on them or running them again."
         )
-    else:
+    if ran:
+        parts.append("These tool calls ran, with these results: " + "; ".join(ran) + ".")
+    if not uncertain and not ran:
         parts.append("No tool calls were among the missing steps.")
     if messages:
         parts.append("The person's messages among them: " + "; ".join(messages) + ".")
     return " ".join(parts) + ")"
+
+
+def _clip(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -8,6 +8,7 @@ records nothing, so the next save sends the same entries again (stores skip seqs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from alpineagents._serialize import entry_to_dict, same_snapshot, snapshot_of
@@ -49,8 +50,7 @@ def plan(state: State, *, entries_only: bool = False) -> Pending | None:
     snapshot = snapshot_of(state)
     if not create and not entries and same_snapshot(snapshot, state._saved_snapshot):
         return None
-    state.updated_at = utcnow()
-    snapshot["updated_at"] = state.updated_at.isoformat()
+    snapshot["updated_at"] = utcnow().isoformat()
     return Pending(entries, snapshot, create, count)
 
 
@@ -61,6 +61,7 @@ def done(state: State, store: Store, pending: Pending) -> None:
     state._saved_count = max(state._saved_count, pending.count)
     if pending.snapshot is not None:
         state._saved_snapshot = pending.snapshot
+        state.updated_at = datetime.fromisoformat(pending.snapshot["updated_at"])
 
 
 def save(store: Store, state: State, *, entries_only: bool = False) -> bool:

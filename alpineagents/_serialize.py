@@ -14,6 +14,7 @@ import math
 from datetime import datetime
 from typing import Any, Final
 
+import pydantic_core
 from pydantic import BaseModel
 
 from alpineagents.errors import CorruptStateError, SchemaVersionError
@@ -55,10 +56,10 @@ def check_json(value: Any, path: str) -> Any:
 
 def answer_to_json(value: Any, path: str = "answer") -> Any:
     """An answer as JSON: pydantic models and dataclasses become dicts, the rest must be JSON."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return check_json(dataclasses.asdict(value), path)
+    if isinstance(value, BaseModel) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    ):
+        return pydantic_core.to_jsonable_python(value)
     return check_json(value, path)
 
 
@@ -86,7 +87,7 @@ def entry_to_dict(entry: HistoryEntry) -> dict[str, Any]:
         "kind": entry.kind,
         "text": entry.text,
         "at": entry.at.isoformat(),
-        "data": entry.data,
+        "data": copy.deepcopy(entry.data),  # a store may keep the dict: it must not share it
     }
 
 
@@ -129,11 +130,19 @@ def snapshot_of(state: State) -> dict[str, Any]:
         "data": check_json(state.data, "state.data"),
         "stopped_by": state.stopped_by,
         "stop_seq": state._stop_seq,
-        "answer": answer_to_json(state.answer, "state.answer"),
+        "answer": _answer_json(state),
         "agent": state._agent_fingerprint,
         "created_at": state.created_at.isoformat(),
         "updated_at": state.updated_at.isoformat(),
     }
+
+
+def _answer_json(state: State) -> Any:
+    # The Agent keeps the JSON form of a typed answer it accepted, made by the answer's own
+    # type adapter, as long as the answer is the one it accepted.
+    if state._answer_json is not None and state._answer_json[0] is state.answer:
+        return state._answer_json[1]
+    return answer_to_json(state.answer, "state.answer")
 
 
 def same_snapshot(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
@@ -167,14 +176,23 @@ def state_from_record(state_id: str, entries: list[dict[str, Any]], snapshot: An
         (entry_from_dict(raw, f"entry {i} of State {state_id!r}") for i, raw in enumerate(entries)),
         key=lambda e: e.seq,
     )
-    for position, entry in enumerate(history):
-        if entry.seq != position:
-            problem = "twice" if entry.seq < position else f"but seq {position} is missing"
-            raise CorruptStateError(f"State {state_id!r} has history entry {entry.seq} {problem}")
     covered = snapshot["entries"]
-    if not isinstance(covered, int) or covered > len(history) or covered < 1:
+    if not isinstance(covered, int) or covered < 1:
+        raise CorruptStateError(f"{where} accounts for {covered!r} history entries")
+    for position, entry in enumerate(history):
+        if entry.seq < position:
+            raise CorruptStateError(f"State {state_id!r} has history entry {entry.seq} twice")
+        if entry.seq > position:
+            if position < covered:
+                break  # reported below: the snapshot names a missing entry
+            # A store that writes a save's entries in parallel was stopped halfway: what
+            # follows the gap was never part of a complete save, and is left out.
+            history = history[:position]
+            break
+    if covered > len(history) or history[covered - 1].seq != covered - 1:
         raise CorruptStateError(
-            f"{where} accounts for {covered!r} history entries, but the store has {len(history)}"
+            f"{where} accounts for {covered} history entries, but the store has "
+            f"{_unbroken(history)} in a row from seq 0"
         )
 
     # The State gets its own copies: `_saved_snapshot` must keep what the store has.
@@ -203,6 +221,10 @@ def check_stored(obj: Any, where: str) -> dict[str, Any]:
         raise CorruptStateError(f"{where} is not an alpineagents object: not a JSON object")
     _check_version(obj, where)
     return obj
+
+
+def _unbroken(history: list[HistoryEntry]) -> int:
+    return next((i for i, e in enumerate(history) if e.seq != i), len(history))
 
 
 def _check_version(obj: dict[str, Any], where: str) -> None:

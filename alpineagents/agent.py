@@ -41,7 +41,7 @@ from alpineagents.state import (
     HistoryEntry,
     State,
     StoppedBy,
-    tool_calls,
+    ends_turn,
 )
 from alpineagents.store import Store, open_store
 from alpineagents.tools import Tool, ToolOutcome, as_tools
@@ -148,7 +148,8 @@ class Agent:
             return stop.value
         except BaseException as error:
             self._close_calls(state, error)
-            if op != "save" and self.store is not None:
+            if self.store is not None and not (op == "save" and isinstance(error, Exception)):
+                # (A save that failed is not tried again at once; one interrupted is.)
                 try:
                     _saving.save(self.store, state)
                 except Exception as save_error:
@@ -175,7 +176,8 @@ class Agent:
             return stop.value
         except BaseException as error:
             self._close_calls(state, error)
-            if op != "save" and self.store is not None:
+            if self.store is not None and not (op == "save" and isinstance(error, Exception)):
+                # (A save that failed is not tried again at once; one interrupted is.)
                 try:
                     await _saving.asave(self.store, state)
                 except Exception as save_error:
@@ -192,6 +194,14 @@ class Agent:
     async def asave(self, state: State) -> None:
         """Async ``save``."""
         await _saving.asave(self._require_store(), state)
+
+    def close(self) -> None:
+        """Close the model's client (the store is yours to close)."""
+        self.model.close()
+
+    async def aclose(self) -> None:
+        """Close the model's async client for the running event loop."""
+        await self.model.aclose()
 
     def _do(self, op: Op, state: State) -> Any:
         if op == "save":
@@ -241,11 +251,13 @@ class Agent:
             entry: HistoryEntry = yield "think"
             steps += 1
             reason = entry.data.get("stop_reason")
-            if tool_calls(entry) or reason == "pause_turn":
-                # Open calls: use_tools runs them next. A pause (a server tool paused the
-                # turn): the response goes back as it is.
-                yield "save"
-                continue
+            if ends_turn(entry):
+                if reason in ("max_tokens", "refusal"):
+                    logger.warning("State %s: the model stopped with %s", state.id, reason)
+                _stop(state, "reply", entry.text)
+                break
+            # Open calls: use_tools runs them next. A pause (a server tool paused the turn):
+            # the response goes back as it is. A full context window: compact, ask again.
             if reason == "model_context_window_exceeded":
                 if self._compacted_last(state, entry):
                     raise AlpineAgentsError(
@@ -253,12 +265,7 @@ class Agent:
                         "after compaction"
                     )
                 force_compaction = True
-                yield "save"
-                continue
-            if reason in ("max_tokens", "refusal"):
-                logger.warning("State %s: the model stopped with %s", state.id, reason)
-            _stop(state, "reply", entry.text)
-            break
+            yield "save"
         yield "save"  # after the last think, or after use_tools: with the stop
         return state.answer
 
@@ -425,6 +432,7 @@ class Agent:
                 continue
             self._record_result(state, call, ToolOutcome("Answer accepted."))
             _stop(state, "finish", answer)
+            state._answer_json = (answer, self._answer.dump_python(answer, mode="json"))
             finished = True
         asks = [c for c in calls if c["name"] == "ask"]
         for call in asks[1:] if not finished else asks:
@@ -437,6 +445,8 @@ class Agent:
         if not finished and asks:
             question = asks[0]["input"].get("question", "")
             _stop(state, "ask", str(question))
+        if state.stopped_by is not None:
+            state._stop_seq = len(state.history)  # after the results of the ignored calls
 
     def _validate_answer(self, tool_input: dict[str, Any]) -> Any:
         raw = tool_input["answer"]

@@ -9,6 +9,8 @@ exhausted its ``RateLimitError`` and friends reach the caller unchanged.
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import anthropic
@@ -47,8 +49,15 @@ class AnthropicModel(Model):
         self.name = model
         self.cache = cache
         self._client = client
+        self._own_client = False
         self._async_client = async_client
-        self._own_async: tuple[asyncio.AbstractEventLoop, anthropic.AsyncAnthropic] | None = None
+        # Clients this model made, one per event loop: a client's connections belong to the
+        # loop that opened them. Each is held by an async generator, so that the loop's
+        # shutdown (asyncio.run's end) closes it even without aclose().
+        self._own_async: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop,
+            tuple[AsyncGenerator[anthropic.AsyncAnthropic, None], anthropic.AsyncAnthropic],
+        ] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.name!r})"
@@ -56,23 +65,36 @@ class AnthropicModel(Model):
     def request(self, request: ModelRequest) -> ModelResponse:
         """Send one Messages API request."""
         if self._client is None:
-            self._client = anthropic.Anthropic()
+            self._client, self._own_client = anthropic.Anthropic(), True
         message = self._client.messages.create(**self.params(request))
         return self.response(message)
 
     async def arequest(self, request: ModelRequest) -> ModelResponse:
         """Send one Messages API request with the async client."""
-        message = await self._async().messages.create(**self.params(request))
+        client = await self._async()
+        message = await client.messages.create(**self.params(request))
         return self.response(message)
 
-    def _async(self) -> anthropic.AsyncAnthropic:
+    async def _async(self) -> anthropic.AsyncAnthropic:
         if self._async_client is not None:
             return self._async_client
         loop = asyncio.get_running_loop()
-        # A client's connections belong to the loop that opened them: one client per loop.
-        if self._own_async is None or self._own_async[0] is not loop:
-            self._own_async = (loop, anthropic.AsyncAnthropic())
-        return self._own_async[1]
+        if loop not in self._own_async:
+            holder = _hold(anthropic.AsyncAnthropic())
+            self._own_async[loop] = (holder, await anext(holder))
+        return self._own_async[loop][1]
+
+    def close(self) -> None:
+        """Close the sync client, if this model made it."""
+        if self._own_client and self._client is not None:
+            self._client.close()
+            self._client, self._own_client = None, False
+
+    async def aclose(self) -> None:
+        """Close the async client this model made for the running event loop."""
+        held = self._own_async.pop(asyncio.get_running_loop(), None)
+        if held is not None:
+            await held[0].aclose()
 
     # Translation -----------------------------------------------------------------------
 
@@ -104,6 +126,16 @@ class AnthropicModel(Model):
             usage={key: int(getattr(usage, key, 0) or 0) for key in _USAGE_KEYS},
             model=str(message.model),
         )
+
+
+async def _hold(
+    client: anthropic.AsyncAnthropic,
+) -> AsyncGenerator[anthropic.AsyncAnthropic, None]:
+    try:
+        yield client
+        await asyncio.Event().wait()  # until the generator is closed
+    finally:
+        await client.close()
 
 
 def to_sdk_block(block: dict[str, Any]) -> dict[str, Any]:

@@ -218,7 +218,7 @@ class FileStore(Store):
                 snapshot = loads(path.read_bytes(), str(path))
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            saved.append(SavedState.from_snapshot(name, snapshot))
+            saved.append(SavedState.from_snapshot(name, snapshot, str(path)))
         saved.sort(key=lambda s: s.updated_at, reverse=True)
         return saved
 

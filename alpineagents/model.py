@@ -91,3 +91,9 @@ class Model:
                 f"{type(self).__name__} implements neither request() nor arequest()"
             )
         return await asyncio.to_thread(self.request, request)
+
+    def close(self) -> None:
+        """Release the model's connections (sync side). The base model holds none."""
+
+    async def aclose(self) -> None:
+        """Release the model's connections in the running event loop. The base holds none."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -34,6 +33,10 @@ MODEL: Final = "model"  # one model response (data["content"]: blocks, data["sto
 TOOL_RESULT: Final = "tool_result"  # one tool call's result (data["call_id"], "name", "is_error")
 COMPACTION: Final = "compaction"  # older context replaced by a summary (text: the summary)
 NOTICE: Final = "notice"  # something the model must be told (data["skipped"]: seqs left out)
+
+KINDS: Final = frozenset({TASK, USER, MODEL, TOOL_RESULT, COMPACTION, NOTICE})
+# Responses that need another request to finish the turn: no stop, even without tool calls.
+CONTINUING_STOP_REASONS: Final = frozenset({"pause_turn", "model_context_window_exceeded"})
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -109,6 +112,7 @@ class State:
         self._saved_count = 0
         self._saved_snapshot: dict[str, Any] | None = None
         self._agent_fingerprint: dict[str, Any] | None = None
+        self._answer_json: tuple[Any, Any] | None = None  # (answer, its JSON form)
         self.append(TASK, task)
 
     def __repr__(self) -> str:
@@ -126,6 +130,8 @@ class State:
         error: BaseException | None = None,
     ) -> HistoryEntry:
         """Add an entry at the end of ``history`` and return it."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown history entry kind {kind!r}: one of {sorted(KINDS)}")
         entry = HistoryEntry(len(self.history), kind, text, {} if data is None else data, error)
         self.history.append(entry)
         return entry
@@ -195,9 +201,13 @@ def tool_calls(entry: HistoryEntry) -> list[dict[str, Any]]:
     return [b for b in entry.data.get("content", ()) if b.get("type") == "tool_call"]
 
 
-def iter_kind(history: list[HistoryEntry], kind: str) -> Iterator[HistoryEntry]:
-    """The entries of ``history`` of one kind, in order."""
-    return (e for e in history if e.kind == kind)
+def ends_turn(entry: HistoryEntry) -> bool:
+    """Whether a model entry is a reply that ends the run: no tool calls, and done."""
+    return (
+        entry.kind == MODEL
+        and not tool_calls(entry)
+        and entry.data.get("stop_reason") not in CONTINUING_STOP_REASONS
+    )
 
 
 def _short(text: str, limit: int = 40) -> str:

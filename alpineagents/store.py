@@ -23,11 +23,28 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from alpineagents._serialize import SCHEMA_VERSION, check_stored, state_from_record
-from alpineagents.errors import StateNotFoundError
+from alpineagents._serialize import (
+    SCHEMA_VERSION,
+    check_stored,
+    dumps,
+    loads,
+    same_snapshot,
+    state_from_record,
+)
+from alpineagents.errors import CorruptStateError, StateNotFoundError
 from alpineagents.state import State, validate_id
 
-__all__ = ["SCHEMA_VERSION", "Record", "SavedState", "Store", "check_stored", "open_store"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Record",
+    "SavedState",
+    "Store",
+    "check_stored",
+    "dumps",
+    "loads",
+    "open_store",
+    "same_snapshot",
+]
 
 
 @dataclass(frozen=True)
@@ -53,13 +70,23 @@ class SavedState:
     stopped_by: str | None
 
     @classmethod
-    def from_snapshot(cls, state_id: str, snapshot: dict[str, Any]) -> SavedState:
-        """Summarise a snapshot without loading the State's history."""
+    def from_snapshot(cls, state_id: str, snapshot: Any, where: str = "") -> SavedState:
+        """Summarise a snapshot without loading the State's history.
+
+        Raises ``CorruptStateError`` or ``SchemaVersionError`` for a snapshot this version
+        cannot read; ``where`` names it (a path, a bucket and key) in the message.
+        """
+        where = where or f"the snapshot of State {state_id!r}"
+        snapshot = check_stored(snapshot, where)
+        try:
+            updated_at = datetime.fromisoformat(snapshot["updated_at"])
+            task = snapshot["task"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptStateError(f"{where} is not an alpineagents snapshot: {e!r}") from e
+        if updated_at.tzinfo is None or not isinstance(task, str):
+            raise CorruptStateError(f"{where} is not an alpineagents snapshot")
         return cls(
-            id=state_id,
-            task=str(snapshot.get("task", "")),
-            updated_at=datetime.fromisoformat(snapshot["updated_at"]),
-            stopped_by=snapshot.get("stopped_by"),
+            id=state_id, task=task, updated_at=updated_at, stopped_by=snapshot.get("stopped_by")
         )
 
 

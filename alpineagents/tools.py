@@ -129,10 +129,6 @@ class Tool:
             error,
         )
 
-    def fingerprint(self) -> str:
-        """What identifies the tool for ``ResumeWarning``: its definition as JSON."""
-        return pydantic_core.to_json(self.definition()).decode()
-
 
 def as_tools(tools: typing.Iterable[Callable[..., Any] | Tool]) -> dict[str, Tool]:
     """Tools by name; refuses reserved and duplicate names."""
