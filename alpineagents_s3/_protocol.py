@@ -30,7 +30,6 @@ A 409 ``ConditionalRequestConflict`` (real S3, under contention) is retried here
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -55,7 +54,7 @@ from alpineagents.errors import (
     StoreError,
 )
 from alpineagents.state import validate_id
-from alpineagents.store import Record, SavedState, check_stored
+from alpineagents.store import Record, SavedState, check_stored, dumps, loads, same_snapshot
 from alpineagents_s3.errors import (
     BucketNotFoundError,
     ConditionalWritesUnsupportedError,
@@ -169,21 +168,9 @@ def _status(outcome: Outcome) -> int | None:
     return None
 
 
-def encode(obj: Any) -> bytes:
-    """Compact UTF-8 JSON, as every alpineagents store keeps it."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
 def new_generation() -> str:
     """A random token naming one creation of a State id."""
     return uuid.uuid4().hex[:16]
-
-
-def same_except_updated_at(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two snapshots describe the same State, saved at different times."""
-    return {k: v for k, v in a.items() if k != "updated_at"} == {
-        k: v for k, v in b.items() if k != "updated_at"
-    }
 
 
 # The protocol ------------------------------------------------------------------------------
@@ -344,15 +331,9 @@ class Protocol:
     # Reading objects -------------------------------------------------------------------
 
     def _decode(self, body: bytes, key: str) -> dict[str, Any]:
+        """An entry or snapshot object's JSON, checked; errors name ``s3://bucket/key``."""
         where = self.url(key)
-        try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptStateError(
-                f"{where} is not valid JSON ({e}): it was damaged or not written by "
-                "alpineagents. Restore it from a bucket version, or delete the State"
-            ) from e
-        return check_stored(obj, where)
+        return check_stored(loads(body, where), where)
 
     def _stored_snapshot(self, state_id: str, response: dict[str, Any]) -> StoredSnapshot:
         key = self.snapshot_key(state_id)
@@ -421,7 +402,7 @@ class Protocol:
     ) -> Steps[list[str]]:
         """PUT entries with If-None-Match; return the keys written. Known seqs are skipped."""
         keys = [self.entry_key(state_id, generation, entry["seq"]) for entry in entries]
-        bodies = [encode(entry) for entry in entries]
+        bodies = [dumps(entry) for entry in entries]
         outcomes = yield from self._send(
             [self._put(k, b, IfNoneMatch="*") for k, b in zip(keys, bodies, strict=True)]
         )
@@ -441,7 +422,7 @@ class Protocol:
                     self._raise(outcome, keys[i], "GetObject (an entry already stored)")
                 assert isinstance(outcome, dict)
                 stored = self._entry(outcome, keys[i], entries[i]["seq"])
-                if outcome["Body"] != bodies[i] and stored != json.loads(bodies[i]):
+                if outcome["Body"] != bodies[i] and stored != loads(bodies[i], self.url(keys[i])):
                     raise ConcurrentWriteError(
                         f"{self.url(keys[i])} already holds a different history entry "
                         f"{entries[i]['seq']} of State {state_id!r}: another process is running "
@@ -458,7 +439,7 @@ class Protocol:
         written = yield from self._put_entries(state_id, generation, entries)
         key = self.snapshot_key(state_id)
         put = self._put(
-            key, encode(snapshot), IfNoneMatch="*", Metadata={GENERATION_META: generation}
+            key, dumps(snapshot), IfNoneMatch="*", Metadata={GENERATION_META: generation}
         )
         (outcome,) = yield from self._send([put])
         if not isinstance(outcome, Exception):
@@ -468,7 +449,7 @@ class Protocol:
         if error_code(outcome) != "PreconditionFailed":
             self._raise(outcome, key, "PutObject", "If-None-Match: *")
         current = yield from self._get_snapshot(state_id, "GetObject (a taken id)")
-        if current is not None and same_except_updated_at(current.snapshot, snapshot):
+        if current is not None and same_snapshot(current.snapshot, snapshot):
             # An earlier attempt of this very create succeeded, but its answer was lost.
             self.versions[state_id] = current.version
             if current.version.generation != generation:
@@ -487,7 +468,7 @@ class Protocol:
         key = self.snapshot_key(state_id)
         put = self._put(
             key,
-            encode(snapshot),
+            dumps(snapshot),
             IfMatch=version.etag,
             Metadata={GENERATION_META: version.generation},
         )
@@ -509,7 +490,7 @@ class Protocol:
             raise self._not_found(
                 state_id, f": {self.url(key)} was deleted since this store object last saved it"
             )
-        if current.version.generation == version.generation and same_except_updated_at(
+        if current.version.generation == version.generation and same_snapshot(
             current.snapshot, snapshot
         ):
             # Our own write, whose answer was lost (a retry found it applied).
@@ -627,13 +608,10 @@ class Protocol:
                         continue  # a create that did not finish, or a State being deleted
                     self._raise(outcome, key, "GetObject")
                 assert isinstance(outcome, dict)
-                snapshot = self._decode(outcome["Body"], key)
-                try:
-                    saved.append(SavedState.from_snapshot(state_id, snapshot))
-                except (KeyError, TypeError, ValueError) as e:
-                    raise CorruptStateError(
-                        f"{self.url(key)} is not an alpineagents snapshot ({e!r})"
-                    ) from e
+                where = self.url(key)
+                saved.append(
+                    SavedState.from_snapshot(state_id, loads(outcome["Body"], where), where)
+                )
             if not token:
                 break
         saved.sort(key=lambda s: s.updated_at, reverse=True)

@@ -143,6 +143,41 @@ def test_a_damaged_or_future_object_is_named(
 
 
 @both_modes
+@pytest.mark.parametrize(
+    ("changes", "error", "words"),
+    [
+        ({"task": 5}, CorruptStateError, "not an alpineagents snapshot"),
+        ({"updated_at": "2026-01-01T00:00:00"}, CorruptStateError, "not an alpineagents snapshot"),
+        ({"updated_at": None}, CorruptStateError, "not an alpineagents snapshot"),
+        ({"v": 99}, SchemaVersionError, "upgrade alpineagents"),
+    ],
+)
+def test_list_refuses_a_snapshot_it_cannot_summarise_naming_it(
+    mode: str,
+    changes: dict[str, Any],
+    error: type[Exception],
+    words: str,
+    moto_url: str,
+    moto_bucket: MakeBucket,
+    moto: S3Client,
+) -> None:
+    bucket = moto_bucket()
+    store = saved_state(moto_url, bucket)
+    key = "runs/s/snapshot.json"
+    head = moto.head_object(Bucket=bucket, Key=key)
+    snapshot = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body = json.dumps(dict(snapshot, **changes)).encode()
+    moto.put_object(Bucket=bucket, Key=key, Body=body, Metadata=head["Metadata"])
+
+    async def scenario(io: StoreIO) -> None:
+        with pytest.raises(error, match=words) as raised:
+            await io.list()
+        assert f"s3://{bucket}/{key}" in str(raised.value)
+
+    play(store, mode, scenario)
+
+
+@both_modes
 def test_a_snapshot_not_written_by_s3store_is_refused(
     mode: str, moto_url: str, moto_bucket: MakeBucket, moto: S3Client
 ) -> None:

@@ -20,10 +20,10 @@ from moto.s3.models import s3_backends
 
 from alpineagents import _saving
 from alpineagents.state import State
-from alpineagents.store import open_store
+from alpineagents.store import dumps, open_store
 from alpineagents.testing._store_suite import make_entries, make_snapshot
 from alpineagents_s3 import RequestLog, S3Store, embedded_moto
-from alpineagents_s3._protocol import GENERATION_META, encode
+from alpineagents_s3._protocol import GENERATION_META
 from tests.s3.conftest import MakeBucket
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ def test_list_pages_past_a_thousand_states(moto_url: str, moto_bucket: MakeBucke
         snapshot = make_snapshot(
             f"s{n:04d}", 1, updated_at=(start + timedelta(minutes=n)).isoformat()
         )
-        objects[f"runs/s{n:04d}/snapshot.json"] = (encode(snapshot), {GENERATION_META: "ab"})
+        objects[f"runs/s{n:04d}/snapshot.json"] = (dumps(snapshot), {GENERATION_META: "ab"})
     _seed(bucket, objects)
     log = RequestLog()
     with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=log.hooks) as store:
@@ -206,7 +206,7 @@ def test_delete_removes_every_object_in_batches(
         store.write("big", make_entries(0, 1), make_snapshot("big", 1), create=True)
         generation = store._protocol.versions["big"].generation
     objects: dict[str, tuple[bytes, dict[str, str]]] = {
-        f"runs/big/entries/{generation}/{e['seq']:010d}.json": (encode(e), {})
+        f"runs/big/entries/{generation}/{e['seq']:010d}.json": (dumps(e), {})
         for e in make_entries(1, 1500)
     }
     _seed(bucket, objects)
