@@ -17,9 +17,6 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aiohttp
-from botocore.exceptions import BotoCoreError, ClientError
-
 from alpineagents_s3._protocol import Call, Outcome, Steps
 
 T = TypeVar("T")
@@ -133,6 +130,10 @@ class AsyncDriver:
 
 
 async def _call(client: Any, call: Call) -> Outcome:
+    """Make one call; what it raises is its outcome, for the protocol to name bucket and key.
+
+    So no call's failure escapes the TaskGroup of a batch as an ExceptionGroup.
+    """
     try:
         response: dict[str, Any] = await getattr(client, call.method)(**call.params)
         if call.method == "get_object":
@@ -141,6 +142,6 @@ async def _call(client: Any, call: Call) -> Outcome:
                 response["Body"] = await body.read()
             finally:
                 body.close()
-    except (ClientError, BotoCoreError, aiohttp.ClientError) as e:
+    except Exception as e:  # noqa: BLE001 - any failure of a call is an outcome
         return e
     return response

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from alpineagents_s3._protocol import Call, Outcome, Steps
 
 T = TypeVar("T")
@@ -94,6 +92,7 @@ class SyncDriver:
 
 
 def _call(client: Any, call: Call) -> Outcome:
+    """Make one call; what it raises is its outcome, for the protocol to name bucket and key."""
     try:
         response: dict[str, Any] = getattr(client, call.method)(**call.params)
         if call.method == "get_object":
@@ -102,6 +101,6 @@ def _call(client: Any, call: Call) -> Outcome:
                 response["Body"] = body.read()
             finally:
                 body.close()
-    except (ClientError, BotoCoreError) as e:
+    except Exception as e:  # noqa: BLE001 - any failure of a call is an outcome
         return e
     return response

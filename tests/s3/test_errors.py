@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -261,6 +263,54 @@ def test_409_conditional_request_conflict_is_retried(
 
     play(store, mode, scenario)
     assert conflict.refused == 4 + 2 + _protocol.CONFLICT_ATTEMPTS
+
+
+class Breaks:
+    """A ``before-send`` hook raising ``error`` in place of sending, for requests ``when``
+    accepts: what a failing network, socket or TLS layer raises below botocore."""
+
+    def __init__(self, error: Exception, when: Callable[[Any], bool] = lambda r: True):
+        self.error, self.when = error, when
+        self.raised = 0
+
+    def __call__(self, request: Any, **kwargs: Any) -> None:
+        if self.when(request):
+            self.raised += 1
+            raise self.error
+
+
+@both_modes
+@pytest.mark.parametrize(
+    "error", [OSError(113, "No route to host"), TimeoutError("read timed out"), ssl.SSLError()]
+)
+def test_any_failure_of_a_call_is_the_stores_error_naming_the_key(
+    mode: str, error: Exception, moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    """Not the bare exception (sync), nor an ExceptionGroup naming nothing (async)."""
+    bucket = moto_bucket()
+    name = type(error).__name__
+    entries = Breaks(error, lambda request: "/entries/" in request.url and request.method == "PUT")
+    snapshot = Breaks(error, lambda request: request.url.endswith("/snapshot.json"))
+    store = S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks={
+        "before-send.s3.PutObject": entries, "before-send.s3.GetObject": snapshot,
+    })
+
+    async def scenario(io: StoreIO) -> None:
+        # Three entry PUTs at once, each failing.
+        with pytest.raises(S3StoreError) as raised:
+            await io.write("s", make_entries(0, 3), make_snapshot("s", 3), create=True)
+        message = str(raised.value)
+        assert re.search(rf"PutObject s3://{bucket}/runs/s/entries/\w+/\d{{10}}\.json", message)
+        assert f"failed: {name}" in message
+        assert raised.value.__cause__ is error
+        assert not isinstance(raised.value, BaseExceptionGroup)
+
+        # One call alone: the snapshot GET of a load.
+        with pytest.raises(S3StoreError, match=rf"s3://{bucket}/runs/x/snapshot\.json.*{name}"):
+            await io.load("x")
+
+    play(store, mode, scenario)
+    assert entries.raised >= 3 and snapshot.raised >= 1
 
 
 def test_throttling_and_5xx_are_retried_by_botocore(
