@@ -34,8 +34,8 @@ import logging
 import random
 import re
 import uuid
-from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, NoReturn, TypeAlias, TypeVar
 
@@ -72,6 +72,8 @@ GENERATION_META: Final = "alpineagents-generation"
 SEQ_DIGITS: Final = 10
 # S3 lists at most 1,000 keys a page and deletes at most 1,000 keys a request.
 PAGE: Final = 1000
+# How often a write waits for another write of the same store object clearing orphans.
+CLEARING_POLL: Final = 0.01
 # 409 ConditionalRequestConflict: attempts in all, and the first backoff in seconds.
 CONFLICT_ATTEMPTS: Final = 6
 CONFLICT_BACKOFF: Final = 0.05
@@ -117,10 +119,21 @@ Steps: TypeAlias = Generator[Batch, list[Outcome], T]
 
 @dataclass(frozen=True)
 class Version:
-    """The snapshot object this store object last wrote or read: its ETag and generation."""
+    """What this store object knows of a State: its snapshot, and orphans found by a read.
+
+    ``etag`` and ``generation`` are those of the snapshot this store object last wrote or read.
+
+    An orphan is an entry object beyond a gap in the seqs: a save whose entries are PUT in
+    parallel was stopped halfway (the process was killed), so seq 3 may be stored and seqs
+    1-2 not. A read returns only the unbroken run from seq 0 (``gap`` is its length); the
+    orphans are never part of the State, and the next write that fills the gap first replaces
+    them (``If-Match`` on the ETag listed here) or removes them.
+    """
 
     etag: str
     generation: str
+    gap: int | None = None
+    orphans: Mapping[int, str] = field(default_factory=dict)  # seq -> ETag
 
 
 @dataclass(frozen=True)
@@ -189,6 +202,8 @@ class Protocol:
     endpoint: str  # for messages
     sse: dict[str, str] = field(default_factory=dict)
     versions: dict[str, Version] = field(default_factory=dict)
+    # State ids whose orphans a write of this store object is clearing: id -> its token.
+    _clearing: dict[str, object] = field(default_factory=dict)
 
     # Keys and names ------------------------------------------------------------------
 
@@ -383,18 +398,123 @@ class Protocol:
             return
         version = self.versions.get(state_id)
         if version is None:
-            # This store object has not written or read the State: start from what is stored.
-            stored = yield from self._get_snapshot(state_id, "GetObject (before a write)")
-            if stored is None:
-                raise self._not_found(state_id, ": create it with create=True first")
-            version = stored.version
-            self.versions.setdefault(state_id, version)
+            version = yield from self._first_write(state_id, entries)
+        if entries and version.orphans and _first_seq(entries) == version.gap:
+            version, stored = yield from self._clear_orphans(state_id, version, entries)
+            entries = [entry for entry in entries if entry["seq"] not in stored]
         yield from self._put_entries(state_id, version.generation, entries)
         if snapshot is not None:
             yield from self._replace_snapshot(state_id, version, snapshot)
         logger.debug(
             "saved %d entries of %s in %s (snapshot: %s)",
             len(entries), state_id, self.url(self.root), snapshot is not None,
+        )
+
+    def _first_write(self, state_id: str, entries: Sequence[dict[str, Any]]) -> Steps[Version]:
+        """The Version of a State this store object has neither read nor written.
+
+        The snapshot, and for a write with entries the orphans it could meet, listed in the
+        same round.
+        """
+        key = self.snapshot_key(state_id)
+        prefix = self.entries_prefix(state_id)
+        calls = [self._get(key)] + ([self._list(prefix)] if entries else [])
+        outcome, *page = yield from self._send(calls)
+        if isinstance(outcome, Exception):
+            if error_code(outcome) in _NOT_FOUND_CODES:
+                raise self._not_found(state_id, ": create it with create=True first")
+            self._raise(outcome, key, "GetObject (before a write)")
+        assert isinstance(outcome, dict)
+        version = self._stored_snapshot(state_id, outcome).version
+        if entries:
+            # The State was loaded through another store object: its copy has every seq
+            # below its first unsaved one. A gap right there means orphans may follow.
+            first = _first_seq(entries)
+            listed: dict[int, tuple[str, str]] = {}
+            after = self.entry_key(state_id, version.generation, first - 1) if first else None
+            yield from self._scan(state_id, version.generation, page[0], listed, after=after)
+            gap = first
+            while gap in listed:  # seqs below ``first`` are stored: the copy saved them
+                gap += 1
+            orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
+            version = replace(version, gap=gap, orphans=orphans)
+        return self.versions.setdefault(state_id, version)
+
+    def _clear_orphans(
+        self, state_id: str, version: Version, entries: Sequence[dict[str, Any]]
+    ) -> Steps[tuple[Version, set[int]]]:
+        """Replace or delete the orphans, before a write fills the gap below them.
+
+        Each orphan the write has an entry for is replaced (``If-Match`` on the orphan's ETag),
+        the others are deleted, so that no entry of the save that was stopped ever joins the
+        history. Returns the Version now, and the seqs stored here.
+
+        Never touches a seq of the unbroken run: orphans all lie beyond ``version.gap``. Writes
+        of one store object clear one at a time (the deletes are unconditional: S3-compatible
+        servers such as LocalStack refuse a conditional DeleteObject), so a delete never
+        removes what a concurrent write of the same State has just put in an orphan's place.
+        """
+        token = object()
+        while self._clearing.setdefault(state_id, token) is not token:
+            yield Batch((), delay=CLEARING_POLL)
+        try:
+            cleared = replace(version, orphans={})
+            current = self.versions.get(state_id)
+            if current is None or current.generation != version.generation or not current.orphans:
+                return cleared, set()  # cleared by a write that ran meanwhile
+            orphans = dict(current.orphans)
+            ours = {entry["seq"]: entry for entry in entries if entry["seq"] in orphans}
+            stale = [
+                self.entry_key(state_id, version.generation, seq)
+                for seq in sorted(orphans) if seq not in ours
+            ]
+            puts = {
+                seq: (self.entry_key(state_id, version.generation, seq), dumps(entry))
+                for seq, entry in ours.items()
+            }
+            calls = [self._put(k, b, IfMatch=orphans[seq]) for seq, (k, b) in puts.items()]
+            deletes = self._delete_calls(stale)
+            outcomes = yield from self._send(calls + deletes)
+            stored: set[int] = set()
+            changed: list[int] = []
+            for seq, outcome in zip(puts, outcomes, strict=False):
+                key = puts[seq][0]
+                if not isinstance(outcome, Exception):
+                    stored.add(seq)
+                elif error_code(outcome) == "PreconditionFailed":
+                    changed.append(seq)  # replaced since we listed it: by whom?
+                elif error_code(outcome) not in _NOT_FOUND_CODES:  # gone: put it anew
+                    self._raise(outcome, key, "PutObject", f"If-Match: {orphans[seq]}")
+            self._check_deletes(stale, outcomes[len(calls) :], required=True)
+            if changed:
+                found = yield from self._send([self._get(puts[seq][0]) for seq in changed])
+                for seq, outcome in zip(changed, found, strict=True):
+                    key, body = puts[seq]
+                    if isinstance(outcome, Exception):
+                        if error_code(outcome) in _NOT_FOUND_CODES:
+                            continue
+                        self._raise(outcome, key, "GetObject (a replaced orphan)")
+                    assert isinstance(outcome, dict)
+                    if self._entry(outcome, key, seq) != loads(body, self.url(key)):
+                        raise self._second_writer(state_id, key, seq)
+                    stored.add(seq)  # our own replacement, whose answer was lost
+            if self.versions.get(state_id) is current:
+                self.versions[state_id] = replace(current, orphans={})
+            logger.debug(
+                "cleared %d orphan entries of %s: %d replaced, %d deleted",
+                len(orphans), state_id, len(stored), len(stale),
+            )
+            return cleared, stored
+        finally:
+            if self._clearing.get(state_id) is token:
+                del self._clearing[state_id]
+
+    def _second_writer(self, state_id: str, key: str, seq: int) -> ConcurrentWriteError:
+        return ConcurrentWriteError(
+            f"{self.url(key)} already holds a different history entry {seq} of State "
+            f"{state_id!r}: another process is running this State, or ran it since this one "
+            f"loaded it. Load it again with store.load({state_id!r}) and continue from what "
+            "is saved"
         )
 
     def _put_entries(
@@ -423,12 +543,7 @@ class Protocol:
                 assert isinstance(outcome, dict)
                 stored = self._entry(outcome, keys[i], entries[i]["seq"])
                 if outcome["Body"] != bodies[i] and stored != loads(bodies[i], self.url(keys[i])):
-                    raise ConcurrentWriteError(
-                        f"{self.url(keys[i])} already holds a different history entry "
-                        f"{entries[i]['seq']} of State {state_id!r}: another process is running "
-                        f"this State, or ran it since this one loaded it. Load it again with "
-                        f"store.load({state_id!r}) and continue from what is saved"
-                    )
+                    raise self._second_writer(state_id, keys[i], entries[i]["seq"])
                 logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
         return written
 
@@ -474,7 +589,7 @@ class Protocol:
         )
         (outcome,) = yield from self._send([put])
         if not isinstance(outcome, Exception):
-            self.versions[state_id] = Version(outcome["ETag"], version.generation)
+            self.versions[state_id] = replace(version, etag=outcome["ETag"])
             return
         code = error_code(outcome)
         if code in _NOT_FOUND_CODES:
@@ -494,7 +609,7 @@ class Protocol:
             current.snapshot, snapshot
         ):
             # Our own write, whose answer was lost (a retry found it applied).
-            self.versions[state_id] = current.version
+            self.versions[state_id] = replace(version, etag=current.version.etag)
             return
         # Keep the old version: every later write of this State here is refused too.
         raise ConcurrentWriteError(
@@ -507,7 +622,11 @@ class Protocol:
     # Read ------------------------------------------------------------------------------
 
     def read(self, state_id: str) -> Steps[Record | None]:
-        """The snapshot GET and the entry listing at once, then the entry GETs in parallel."""
+        """The snapshot GET and the entry listing at once, then the entry GETs in parallel.
+
+        Returns the unbroken run of entries from seq 0 only; entries beyond a gap (orphans of
+        a save that was stopped halfway) are remembered with their ETags, not returned.
+        """
         validate_id(state_id)
         prefix = self.entries_prefix(state_id)
         snap_key = self.snapshot_key(state_id)
@@ -519,62 +638,98 @@ class Protocol:
         assert isinstance(snap_out, dict)
         stored = self._stored_snapshot(state_id, snap_out)
         generation = stored.version.generation
+        listed: dict[int, tuple[str, str]] = {}
         entries: dict[int, dict[str, Any]] = {}
-        yield from self._fetch_entries(state_id, generation, page, entries)
+        yield from self._scan(state_id, generation, page, listed, entries)
 
         # A writer may have added entries between our listing and our snapshot GET.
         covered = stored.snapshot.get("entries")
         for _ in range(3):
-            if not isinstance(covered, int) or len(entries) >= covered:
+            gap = _run(entries)
+            if not isinstance(covered, int) or gap >= covered:
                 break
-            last = self.entry_key(state_id, generation, max(entries, default=-1))
-            (page,) = yield from self._send([self._list(prefix, StartAfter=last)])
-            yield from self._fetch_entries(state_id, generation, page, entries)
-        if isinstance(covered, int) and len(entries) < covered:
+            start = {"StartAfter": self.entry_key(state_id, generation, gap - 1)} if gap else {}
+            (page,) = yield from self._send([self._list(f"{prefix}{generation}/", **start)])
+            yield from self._scan(state_id, generation, page, listed, entries)
+        gap = _run(entries)
+        if isinstance(covered, int) and gap < covered:
             raise CorruptStateError(
                 f"{self.url(snap_key)} accounts for {covered} history entries, but "
-                f"{self.url(prefix)}{generation}/ holds {len(entries)}: entry objects were "
-                "deleted or moved. Restore them from a bucket version, or delete the State"
+                f"{self.url(prefix)}{generation}/ holds {gap} in a row from seq 0: entry "
+                "objects were deleted or moved. Restore them from a bucket version, or delete "
+                "the State"
             )
 
-        self.versions[state_id] = stored.version
-        logger.debug("read %s: %d entries", self.url(snap_key), len(entries))
-        return Record([entries[seq] for seq in sorted(entries)], stored.snapshot)
+        orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
+        if orphans:
+            logger.info(
+                "%s: %d entry object(s) beyond seq %d, where a save was stopped halfway, are "
+                "left out; the next save replaces or removes them",
+                self.url(prefix), len(orphans), gap,
+            )
+        self.versions[state_id] = replace(stored.version, gap=gap, orphans=orphans)
+        logger.debug("read %s: %d entries", self.url(snap_key), gap)
+        return Record([entries[seq] for seq in range(gap)], stored.snapshot)
 
-    def _fetch_entries(
+    def _scan(
         self,
         state_id: str,
         generation: str,
         page: Outcome,
-        into: dict[int, dict[str, Any]],
+        listed: dict[int, tuple[str, str]],
+        into: dict[int, dict[str, Any]] | None = None,
+        *,
+        after: str | None = None,
     ) -> Steps[None]:
-        """GET the entries of ``generation`` listed in ``page`` and the pages after it.
+        """List the entries of ``generation`` from ``page`` on into ``listed`` (seq: key, ETag).
 
-        Each round lists the next page while it fetches the entries of the current one.
+        With ``into``, also GET the entries that extend the unbroken run from seq 0, each round
+        fetching the entries of one page while it lists the next. Seqs up to the key ``after``
+        are not needed: a truncated listing of all generations skips to it.
         """
         prefix = self.entries_prefix(state_id)
+        mine = f"{prefix}{generation}/"
         while True:
             if isinstance(page, Exception):
                 self._raise(page, prefix, "ListObjectsV2")
             assert isinstance(page, dict)
-            wanted: list[tuple[str, int]] = []
+            last = ""
             for item in page.get("Contents", ()):
-                parsed = self.parse_entry_key(state_id, item["Key"])
+                last = item["Key"]
+                parsed = self.parse_entry_key(state_id, last)
                 if parsed is None:
-                    logger.debug("ignoring %s: not an entry object", self.url(item["Key"]))
-                elif parsed[0] == generation and parsed[1] not in into:
-                    wanted.append((item["Key"], parsed[1]))
-            token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
-            calls = [self._list(prefix, token)] if token else []
-            outcomes = yield from self._send(calls + [self._get(key) for key, _ in wanted])
-            if token:
+                    logger.debug("ignoring %s: not an entry object", self.url(last))
+                elif parsed[0] == generation:
+                    listed[parsed[1]] = (last, item.get("ETag", ""))
+            calls: list[Call] = []
+            if page.get("IsTruncated"):
+                jump = max(after or "", mine)
+                if page.get("Prefix") != mine and last < jump:
+                    calls = [self._list(mine, StartAfter=jump)]
+                else:
+                    calls = [self._list(page.get("Prefix", prefix), page["NextContinuationToken"])]
+            wanted: list[int] = []
+            if into is not None:
+                seq = 0
+                while seq in listed:
+                    if seq not in into:
+                        wanted.append(seq)
+                    seq += 1
+            outcomes = yield from self._send(calls + [self._get(listed[s][0]) for s in wanted])
+            if calls:
                 page = outcomes.pop(0)
-            for (key, seq), outcome in zip(wanted, outcomes, strict=True):
+            for seq, outcome in zip(wanted, outcomes, strict=True):
+                key = listed[seq][0]
                 if isinstance(outcome, Exception):
+                    if error_code(outcome) in _NOT_FOUND_CODES:
+                        # Deleted since it was listed (an orphan a writer cleared): the run
+                        # ends below it; listing again tells what follows.
+                        del listed[seq]
+                        continue
                     self._raise(outcome, key, "GetObject")
-                assert isinstance(outcome, dict)
+                assert isinstance(outcome, dict) and into is not None
                 into[seq] = self._entry(outcome, key, seq)
-            if not token:
+            if not calls:
                 return
 
     # List ------------------------------------------------------------------------------
@@ -661,18 +816,27 @@ class Protocol:
     def _delete_keys(self, keys: Iterable[str], *, required: bool) -> Steps[None]:
         """DeleteObjects in batches of 1,000, in parallel. Failures raise if ``required``."""
         keys = list(keys)
-        batches = [keys[i : i + PAGE] for i in range(0, len(keys), PAGE)]
-        calls = [
+        outcomes = yield from self._send(self._delete_calls(keys))
+        self._check_deletes(keys, outcomes, required=required)
+
+    def _delete_calls(self, keys: Sequence[str]) -> list[Call]:
+        """DeleteObjects calls for ``keys``, 1,000 a call."""
+        return [
             Call(
                 "delete_objects",
                 {
                     "Bucket": self.bucket,
-                    "Delete": {"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                    "Delete": {"Objects": [{"Key": k} for k in keys[i : i + PAGE]], "Quiet": True},
                 },
             )
-            for batch in batches
+            for i in range(0, len(keys), PAGE)
         ]
-        outcomes = yield from self._send(calls)
+
+    def _check_deletes(
+        self, keys: Sequence[str], outcomes: Sequence[Outcome], *, required: bool
+    ) -> None:
+        """Raise (if ``required``) or log the first failure of ``_delete_calls(keys)``."""
+        batches = [keys[i : i + PAGE] for i in range(0, len(keys), PAGE)]
         for batch, outcome in zip(batches, outcomes, strict=True):
             failure: StoreError | Exception | None = None
             if isinstance(outcome, Exception):
@@ -729,3 +893,15 @@ class Protocol:
                 kind = "entry" if parsed[0] == generation else "abandoned"
             found.append(StoredObject(key, int(item["Size"]), kind, seq, item["LastModified"]))
         return found
+
+
+def _first_seq(entries: Sequence[dict[str, Any]]) -> int:
+    return min(int(entry["seq"]) for entry in entries)
+
+
+def _run(entries: Mapping[int, Any]) -> int:
+    """How many seqs from 0 on ``entries`` has without a hole."""
+    seq = 0
+    while seq in entries:
+        seq += 1
+    return seq
