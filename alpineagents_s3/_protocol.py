@@ -22,7 +22,11 @@ Writes:
   confirms the same entry, else the State has a second writer;
 * a new State's snapshot with ``If-None-Match: *``: a 412 means the id is taken;
 * a later snapshot with ``If-Match`` on the ETag this store object last wrote or read: a 412
-  means another process wrote the State since.
+  means another process wrote the State since. A read keeps the ETag it finds only if it is
+  not the one held already (see :class:`Version` and :meth:`Protocol._remember`);
+* entries beyond a gap (*orphans* of a save killed during its parallel entry PUTs) are left out
+  by a read; the next write replaces them with ``If-Match`` on their ETags, or deletes them,
+  before it fills the gap.
 
 A 409 ``ConditionalRequestConflict`` (real S3, under contention) is retried here; throttling and
 5xx are retried by botocore's retry modes.
@@ -121,7 +125,13 @@ Steps: TypeAlias = Generator[Batch, list[Outcome], T]
 class Version:
     """What this store object knows of a State: its snapshot, and orphans found by a read.
 
-    ``etag`` and ``generation`` are those of the snapshot this store object last wrote or read.
+    ``etag`` and ``generation`` are those of the snapshot this store object last wrote or read:
+    the next snapshot is written with ``If-Match`` on that ETag.
+
+    ``floor`` is the history length of the State as this store object last read it after
+    another writer changed it. A copy of the State loaded by that read saves from seq
+    ``floor`` on; a save from a lower seq comes from a copy older than the other writer's save
+    (one held since before, in this process), and is refused like a stale ``If-Match``.
 
     An orphan is an entry object beyond a gap in the seqs: a save whose entries are PUT in
     parallel was stopped halfway (the process was killed), so seq 3 may be stored and seqs
@@ -134,6 +144,7 @@ class Version:
     generation: str
     gap: int | None = None
     orphans: Mapping[int, str] = field(default_factory=dict)  # seq -> ETag
+    floor: int = 0
 
 
 @dataclass(frozen=True)
@@ -396,13 +407,33 @@ class Protocol:
                 raise ValueError(f"creating State {state_id!r} needs a snapshot")
             yield from self._create(state_id, entries, snapshot)
             return
+        if not entries and snapshot is None:
+            return
+        # The first seq this copy of the State has not saved yet.
+        first = _first_seq(entries) if entries else snapshot and snapshot.get("entries")
         version = self.versions.get(state_id)
         if version is None:
             version = yield from self._first_write(state_id, entries)
-        if entries and version.orphans and _first_seq(entries) == version.gap:
+        elif isinstance(first, int) and first < version.floor:
+            raise ConcurrentWriteError(
+                f"State {state_id!r} was saved by another writer since this copy of it was "
+                f"loaded: this store object has read it since with {version.floor} history "
+                f"entries ({self.url(self.snapshot_key(state_id))}), and this save continues "
+                f"from entry {first}. Load it again with store.load({state_id!r}) and continue "
+                "from what is saved"
+            )
+        if entries and version.orphans and first == version.gap:
             version, stored = yield from self._clear_orphans(state_id, version, entries)
             entries = [entry for entry in entries if entry["seq"] not in stored]
         yield from self._put_entries(state_id, version.generation, entries)
+        current = self.versions.get(state_id)
+        if entries and current is not None:
+            # A new Version object: a read that began before these PUTs landed does not
+            # record what it listed (it could take them for orphans).
+            seqs = {entry["seq"] for entry in entries}
+            self.versions[state_id] = replace(
+                current, orphans={k: v for k, v in current.orphans.items() if k not in seqs}
+            )
         if snapshot is not None:
             yield from self._replace_snapshot(state_id, version, snapshot)
         logger.debug(
@@ -628,6 +659,7 @@ class Protocol:
         a save that was stopped halfway) are remembered with their ETags, not returned.
         """
         validate_id(state_id)
+        held = self.versions.get(state_id)
         prefix = self.entries_prefix(state_id)
         snap_key = self.snapshot_key(state_id)
         snap_out, page = yield from self._send([self._get(snap_key), self._list(prefix)])
@@ -667,9 +699,33 @@ class Protocol:
                 "left out; the next save replaces or removes them",
                 self.url(prefix), len(orphans), gap,
             )
-        self.versions[state_id] = replace(stored.version, gap=gap, orphans=orphans)
+        self._remember(state_id, held, stored.version, gap, orphans)
         logger.debug("read %s: %d entries", self.url(snap_key), gap)
         return Record([entries[seq] for seq in range(gap)], stored.snapshot)
+
+    def _remember(
+        self,
+        state_id: str,
+        held: Version | None,
+        read: Version,
+        gap: int,
+        orphans: dict[int, str],
+    ) -> None:
+        """Record what a read found, as the Version of the State here.
+
+        ``held`` is the Version when the read began. A write or read of this store object that
+        finished meanwhile wins: its knowledge is newer. The same snapshot as ``held`` keeps
+        the baseline and floor (a monitor's ``load`` of a running State changes nothing) and
+        only updates the orphans. A different snapshot (another writer saved the State, or this
+        store object meets it first) becomes the baseline, for the copy this read loads, with
+        ``floor`` at its history length: the save of an older copy is refused.
+        """
+        if self.versions.get(state_id) is not held:
+            return
+        if held is not None and (held.etag, held.generation) == (read.etag, read.generation):
+            self.versions[state_id] = replace(held, gap=gap, orphans=orphans)
+        else:
+            self.versions[state_id] = replace(read, gap=gap, orphans=orphans, floor=gap)
 
     def _scan(
         self,

@@ -42,10 +42,21 @@ class S3Store(Store):
     profile and endpoint come from the usual boto configuration (environment variables such as
     ``AWS_PROFILE`` and ``AWS_ENDPOINT_URL_S3``, ``~/.aws``, instance roles) unless given here.
 
-    A history entry is written once and never replaced. A new State's snapshot is created only
-    if the id is free (else ``ValueError``); later snapshots replace only the version this store
-    object last wrote or read, so a second process running the same State gets
-    ``ConcurrentWriteError`` instead of overwriting it.
+    A history entry is written once and never replaced (only orphans, entries beyond a gap left
+    by a save killed during its parallel entry PUTs, are: a load leaves them out, the next save
+    replaces or deletes them). A new State's snapshot is created only if the id is free (else
+    ``ValueError``); later snapshots replace only the version this store object last wrote or
+    read, so a second process running the same State gets ``ConcurrentWriteError`` instead of
+    overwriting it.
+
+    A ``load`` that finds the snapshot this store object holds changes nothing (a monitor may
+    load a running State through the run's store). One that finds another process's snapshot
+    makes it the version to replace, for the State it returns; a save of a copy held from
+    before is then refused when it continues from an earlier entry than that load saw. The
+    store cannot tell copies apart beyond that (it sees ids, entries and snapshots, not
+    copies): if the other process's save added no entry, the older copy's save is taken for
+    the loaded one's. Watch running States through a store object of their own to rule that
+    out. See docs/s3.md, "Two processes, one State".
 
     Args:
         bucket: The bucket; it must exist.
