@@ -407,10 +407,8 @@ class Protocol:
                 raise ValueError(f"creating State {state_id!r} needs a snapshot")
             yield from self._create(state_id, entries, snapshot)
             return
-        if not entries and snapshot is None:
-            return
         # The first seq this copy of the State has not saved yet.
-        first = _first_seq(entries) if entries else snapshot and snapshot.get("entries")
+        first = _first_seq(entries) if entries else (snapshot or {}).get("entries")
         version = self.versions.get(state_id)
         if version is None:
             version = yield from self._first_write(state_id, entries)
@@ -422,10 +420,11 @@ class Protocol:
                 f"from entry {first}. Load it again with store.load({state_id!r}) and continue "
                 "from what is saved"
             )
+        rest = entries
         if entries and version.orphans and first == version.gap:
             version, stored = yield from self._clear_orphans(state_id, version, entries)
-            entries = [entry for entry in entries if entry["seq"] not in stored]
-        yield from self._put_entries(state_id, version.generation, entries)
+            rest = [entry for entry in entries if entry["seq"] not in stored]
+        yield from self._put_entries(state_id, version.generation, rest)
         current = self.versions.get(state_id)
         if entries and current is not None:
             # A new Version object: a read that began before these PUTs landed does not
