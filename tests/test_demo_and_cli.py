@@ -15,18 +15,22 @@ from alpineagents.testing import TestModel
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_demo_kills_and_resumes_without_booking_twice() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+def run_demo(*args: str, env: dict[str, str]) -> str:
+    """Run the demo as the README does; its output."""
     done = subprocess.run(
-        [sys.executable, "-m", "alpineagents.demo"],
+        [sys.executable, "-m", "alpineagents.demo", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr
-    out = done.stdout
+    return done.stdout
+
+
+def test_demo_kills_and_resumes_without_booking_twice() -> None:
+    out = run_demo(env={k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"})
     assert "process 1 killed (exit -9); bookings in the airline's ledger: 1" in out
     assert "tool_result (unknown: the run stopped before this result was saved" in out
     assert "check_booking" in out
@@ -81,19 +85,10 @@ def test_demo_with_an_api_key_talks_to_the_messages_api() -> None:
         return message(tool_use(f"toolu_{next(ids)}", "finish", answer="Booked once."))
 
     with loopback(assistant) as api:
-        env = {**os.environ, **api.env()}
-        done = subprocess.run(
-            [sys.executable, "-m", "alpineagents.demo"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert done.returncode == 0, done.stderr
-    assert "Model: Claude" in done.stdout
-    assert "answer: Booked once." in done.stdout
-    assert "book_flight ran 1 time(s)" in done.stdout
+        out = run_demo(env={**os.environ, **api.env()})
+    assert "Model: Claude" in out
+    assert "answer: Booked once." in out
+    assert "book_flight ran 1 time(s)" in out
     assert all(r["model"] == "claude-sonnet-5" for r in api.requests)
     assert [t["name"] for t in api.requests[0]["tools"]][:3] == [
         "search_flights",
@@ -104,16 +99,7 @@ def test_demo_with_an_api_key_talks_to_the_messages_api() -> None:
 
 def test_demo_on_an_embedded_s3_server_shows_the_objects() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AWS_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "alpineagents.demo", "--store", "s3"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    out = run_demo("--store", "s3", env=env)
     assert "Store: s3://alpineagents-demo/runs/" in out
     assert "book_flight ran 1 time(s)" in out
     assert "runs/book-oslo-trip/snapshot.json" in out
