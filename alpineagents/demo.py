@@ -196,7 +196,7 @@ def _request_file_hooks(path: Path) -> dict[str, Callable[..., Any]]:
     import dataclasses
     import threading
 
-    from alpineagents_s3 import RequestLog
+    from alpineagents_s3.testing import RequestLog
 
     log, lock = RequestLog(), threading.Lock()
     (record,) = log.hooks.values()
@@ -239,7 +239,7 @@ def demo_store(choice: str, workdir: Path) -> Iterator[str]:
     if choice == "file":
         yield str(workdir / "agent-runs")
     elif choice == "s3":
-        from alpineagents_s3 import embedded_moto
+        from alpineagents_s3.testing import embedded_moto
 
         with embedded_moto("alpineagents-demo") as endpoint:
             os.environ["AWS_ENDPOINT_URL_S3"] = endpoint  # the child processes inherit it

@@ -1,37 +1,44 @@
 """alpineagents_s3: keep alpineagents States in an S3 bucket.
 
-``S3Store(bucket, prefix)`` is a :class:`alpineagents.Store` with a sync path on boto3 and an
-async path on aioboto3. It is registered as the store scheme ``s3``, so
-``open_store("s3://bucket/prefix")`` opens one.
+``S3Store(bucket, prefix)`` is an ``alpineagents`` Store with a sync path on boto3 and an
+async path on aioboto3. It works with the Store contract of every alpineagents from 0.2 on
+(``snapshot`` in 0.2-0.4, ``info`` from 0.5) and is registered as the store scheme ``s3``.
+Helpers for demos and tests (a request log, an embedded moto server) are in
+``alpineagents_s3.testing``.
 """
 
 try:
-    import aioboto3  # noqa: F401
     import boto3  # noqa: F401
-except ImportError as e:
+except ImportError as e:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
-        "alpineagents_s3 needs boto3 and aioboto3: pip install 'alpineagents[s3]' "
-        f"({e})"
+        "alpineagents_s3 needs boto3, which is not installed: pip install 'boto3>=1.40' "
+        "(or reinstall the plugin: pip install alpineagents-s3)"
     ) from e
 
 from alpineagents_s3._protocol import StoredObject
 from alpineagents_s3._store import S3Store
-from alpineagents_s3._tools import Request, RequestLog, embedded_moto
 from alpineagents_s3.errors import (
     BucketNotFoundError,
+    ConcurrentWriteError,
     ConditionalWritesUnsupportedError,
+    CorruptStateError,
     S3AccessDeniedError,
     S3StoreError,
+    SchemaVersionError,
+    StateExistsError,
+    StateNotFoundError,
 )
 
 __all__ = [
     "BucketNotFoundError",
+    "ConcurrentWriteError",
     "ConditionalWritesUnsupportedError",
-    "Request",
-    "RequestLog",
+    "CorruptStateError",
     "S3AccessDeniedError",
     "S3Store",
     "S3StoreError",
+    "SchemaVersionError",
+    "StateExistsError",
+    "StateNotFoundError",
     "StoredObject",
-    "embedded_moto",
 ]

@@ -34,6 +34,7 @@ A 409 ``ConditionalRequestConflict`` (real S3, under contention) is retried here
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -50,20 +51,19 @@ from botocore.exceptions import (
     NoCredentialsError,
 )
 
-from alpineagents.errors import (
-    ConcurrentWriteError,
-    CorruptStateError,
-    StateExistsError,
-    StateNotFoundError,
-    StoreError,
-)
-from alpineagents.state import validate_id
-from alpineagents.store import Record, SavedState, check_stored, dumps, loads, same_snapshot
+from alpineagents_s3 import _contract
+from alpineagents_s3._codec import dumps, loads_entry, loads_snapshot, validate_id
+from alpineagents_s3._contract import Record, Summary
 from alpineagents_s3.errors import (
     BucketNotFoundError,
+    ConcurrentWriteError,
     ConditionalWritesUnsupportedError,
+    CorruptStateError,
     S3AccessDeniedError,
     S3StoreError,
+    SchemaVersionError,
+    StateExistsError,
+    StateNotFoundError,
 )
 
 logger = logging.getLogger("alpineagents_s3")
@@ -73,6 +73,13 @@ T = TypeVar("T")
 SNAPSHOT: Final = "snapshot.json"
 ENTRIES: Final = "entries/"
 GENERATION_META: Final = "alpineagents-generation"
+# A random token per snapshot PUT: a PUT whose answer was lost is recognised as our own.
+WRITE_META: Final = "alpineagents-write"
+# The layout version of the objects (absent: 1). A newer one is refused, not misread.
+LAYOUT_META: Final = "alpineagents-layout"
+LAYOUT: Final = 1
+# How many entries from seq 0 on were stored when the snapshot was PUT.
+ENTRIES_META: Final = "alpineagents-entries"
 SEQ_DIGITS: Final = 10
 # S3 lists at most 1,000 keys a page and deletes at most 1,000 keys a request.
 PAGE: Final = 1000
@@ -145,14 +152,34 @@ class Version:
     gap: int | None = None
     orphans: Mapping[int, str] = field(default_factory=dict)  # seq -> ETag
     floor: int = 0
+    # How many entries from seq 0 on are stored, as far as this store object knows; written
+    # into the snapshot's metadata so a reader can tell a listing that missed some.
+    count: int | None = None
+    # Tokens of snapshot PUTs that failed without an answer since the last one that landed:
+    # S3 may have applied them, so finding one of them stored means "our own write".
+    unsure: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class PendingCreate:
+    """A create of this store object whose snapshot PUT failed without a clear answer.
+
+    A later create of the same id reuses its generation and recognises its tokens, so a create
+    that S3 applied but whose answer was lost is not taken for a taken id.
+    """
+
+    generation: str
+    tokens: frozenset[str]
 
 
 @dataclass(frozen=True)
 class StoredSnapshot:
-    """A snapshot as read from S3."""
+    """A snapshot object as read from S3: ``snapshot`` is ``None`` for a State created without."""
 
     version: Version
-    snapshot: dict[str, Any]
+    snapshot: dict[str, Any] | None
+    body: bytes
+    token: str | None
 
 
 @dataclass(frozen=True)
@@ -197,6 +224,11 @@ def new_generation() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def new_token() -> str:
+    """A random token naming one snapshot PUT."""
+    return uuid.uuid4().hex
+
+
 # The protocol ------------------------------------------------------------------------------
 
 
@@ -213,6 +245,7 @@ class Protocol:
     endpoint: str  # for messages
     sse: dict[str, str] = field(default_factory=dict)
     versions: dict[str, Version] = field(default_factory=dict)
+    pending_creates: dict[str, PendingCreate] = field(default_factory=dict)
     # State ids whose orphans a write of this store object is clearing: id -> its token.
     _clearing: dict[str, object] = field(default_factory=dict)
 
@@ -350,36 +383,64 @@ class Protocol:
         )
 
     def _not_found(self, state_id: str, why: str = "") -> StateNotFoundError:
+        """An unknown id: a ``LookupError`` (``KeyError``) in every contract generation."""
         return StateNotFoundError(
             f"no saved State with id {state_id!r} in {self.url(self.root)}{why}"
         )
 
     # Reading objects -------------------------------------------------------------------
 
-    def _decode(self, body: bytes, key: str) -> dict[str, Any]:
-        """An entry or snapshot object's JSON, checked; errors name ``s3://bucket/key``."""
-        where = self.url(key)
-        return check_stored(loads(body, where), where)
-
     def _stored_snapshot(self, state_id: str, response: dict[str, Any]) -> StoredSnapshot:
         key = self.snapshot_key(state_id)
-        snapshot = self._decode(response["Body"], key)
-        generation = response.get("Metadata", {}).get(GENERATION_META)
+        metadata = response.get("Metadata", {})
+        self._check_layout(metadata, key)
+        generation = metadata.get(GENERATION_META)
         if not generation:
             raise CorruptStateError(
                 f"{self.url(key)} has no {GENERATION_META!r} metadata: it was not written by "
                 "S3Store (or was copied without its metadata)"
             )
-        return StoredSnapshot(Version(response["ETag"], generation), snapshot)
+        body = response["Body"]
+        raw_count = metadata.get(ENTRIES_META)
+        count = int(raw_count) if raw_count and raw_count.isdigit() else None
+        return StoredSnapshot(
+            Version(response["ETag"], generation, count=count),
+            loads_snapshot(body, self.url(key)),
+            body,
+            metadata.get(WRITE_META),
+        )
+
+    def _check_layout(self, metadata: Mapping[str, str], key: str) -> None:
+        """Refuse an object of a newer layout than this alpineagents-s3 writes."""
+        raw = metadata.get(LAYOUT_META, "1")
+        if not raw.isdigit():
+            raise CorruptStateError(f"{self.url(key)} has the layout version {raw!r}")
+        if int(raw) > LAYOUT:
+            raise SchemaVersionError(
+                f"{self.url(key)} was written in layout {raw} of alpineagents-s3, newer than "
+                f"the installed one reads ({LAYOUT}): upgrade alpineagents-s3 to read it"
+            )
 
     def _entry(self, response: dict[str, Any], key: str, seq: int) -> dict[str, Any]:
-        entry = self._decode(response["Body"], key)
-        if entry.get("seq") != seq:
-            raise CorruptStateError(
-                f"{self.url(key)} holds history entry {entry.get('seq')!r}, not {seq}: the "
-                "object was damaged or moved"
-            )
-        return entry
+        return loads_entry(response["Body"], self.url(key), seq)
+
+    def _snapshot_put(
+        self,
+        key: str,
+        body: bytes,
+        version: Version,
+        token: str,
+        **conditions: Any,
+    ) -> Call:
+        """The snapshot PUT: its metadata names the generation, this PUT and the layout."""
+        metadata = {
+            GENERATION_META: version.generation,
+            WRITE_META: token,
+            LAYOUT_META: str(LAYOUT),
+        }
+        if version.count is not None:
+            metadata[ENTRIES_META] = str(version.count)
+        return self._put(key, body, Metadata=metadata, **conditions)
 
     def _get_snapshot(self, state_id: str, action: str) -> Steps[StoredSnapshot | None]:
         key = self.snapshot_key(state_id)
@@ -400,19 +461,25 @@ class Protocol:
         snapshot: dict[str, Any] | None,
         create: bool,
     ) -> Steps[None]:
-        """Entries the bucket lacks (in parallel), then the snapshot (unless ``None``)."""
+        """Entries the bucket lacks (in parallel), then the snapshot (unless ``None``).
+
+        ``snapshot`` is the core's snapshot or info dict, opaque here. ``None`` (the snapshot
+        contract of alpineagents 0.2-0.4) keeps the stored one; a State created with ``None``
+        gets a snapshot object whose body is ``null``, so its id is taken all the same.
+        """
         validate_id(state_id)
+        entry_bodies = [dumps(e, f"history entry {e.get('seq')!r} of State {state_id!r}")
+                        for e in entries]
+        body = None if snapshot is None else dumps(snapshot, f"the snapshot of {state_id!r}")
         if create:
-            if snapshot is None:
-                raise ValueError(f"creating State {state_id!r} needs a snapshot")
-            yield from self._create(state_id, entries, snapshot)
+            yield from self._create(state_id, entries, entry_bodies, body or b"null")
             return
         # The first seq this copy of the State has not saved yet.
-        first = _first_seq(entries) if entries else (snapshot or {}).get("entries")
+        first = _first_seq(entries) if entries else None
         version = self.versions.get(state_id)
         if version is None:
             version = yield from self._first_write(state_id, entries)
-        elif isinstance(first, int) and first < version.floor:
+        elif first is not None and first < version.floor:
             raise ConcurrentWriteError(
                 f"State {state_id!r} was saved by another writer since this copy of it was "
                 f"loaded: this store object has read it since with {version.floor} history "
@@ -424,17 +491,22 @@ class Protocol:
         if entries and version.orphans and first == version.gap:
             version, stored = yield from self._clear_orphans(state_id, version, entries)
             rest = [entry for entry in entries if entry["seq"] not in stored]
-        yield from self._put_entries(state_id, version.generation, rest)
+        bodies = dict(zip((e["seq"] for e in entries), entry_bodies, strict=True))
+        yield from self._put_entries(
+            state_id, version.generation, rest, [bodies[e["seq"]] for e in rest]
+        )
         current = self.versions.get(state_id)
         if entries and current is not None:
             # A new Version object: a read that began before these PUTs landed does not
             # record what it listed (it could take them for orphans).
             seqs = {entry["seq"] for entry in entries}
             self.versions[state_id] = replace(
-                current, orphans={k: v for k, v in current.orphans.items() if k not in seqs}
+                current,
+                orphans={k: v for k, v in current.orphans.items() if k not in seqs},
+                count=max(current.count or 0, max(seqs) + 1),
             )
-        if snapshot is not None:
-            yield from self._replace_snapshot(state_id, version, snapshot)
+        if body is not None:
+            yield from self._replace_snapshot(state_id, body)
         logger.debug(
             "saved %d entries of %s in %s (snapshot: %s)",
             len(entries), state_id, self.url(self.root), snapshot is not None,
@@ -467,7 +539,7 @@ class Protocol:
             while gap in listed:  # seqs below ``first`` are stored: the copy saved them
                 gap += 1
             orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
-            version = replace(version, gap=gap, orphans=orphans)
+            version = replace(version, gap=gap, orphans=orphans, count=gap)
         return self.versions.setdefault(state_id, version)
 
     def _clear_orphans(
@@ -499,7 +571,10 @@ class Protocol:
                 for seq in sorted(orphans) if seq not in ours
             ]
             puts = {
-                seq: (self.entry_key(state_id, version.generation, seq), dumps(entry))
+                seq: (
+                    self.entry_key(state_id, version.generation, seq),
+                    dumps(entry, f"history entry {seq} of State {state_id!r}"),
+                )
                 for seq, entry in ours.items()
             }
             calls = [self._put(k, b, IfMatch=orphans[seq]) for seq, (k, b) in puts.items()]
@@ -525,7 +600,7 @@ class Protocol:
                             continue
                         self._raise(outcome, key, "GetObject (a replaced orphan)")
                     assert isinstance(outcome, dict)
-                    if self._entry(outcome, key, seq) != loads(body, self.url(key)):
+                    if self._entry(outcome, key, seq) != json.loads(body):
                         raise self._second_writer(state_id, key, seq)
                     stored.add(seq)  # our own replacement, whose answer was lost
             if self.versions.get(state_id) is current:
@@ -548,11 +623,14 @@ class Protocol:
         )
 
     def _put_entries(
-        self, state_id: str, generation: str, entries: Sequence[dict[str, Any]]
+        self,
+        state_id: str,
+        generation: str,
+        entries: Sequence[dict[str, Any]],
+        bodies: Sequence[bytes],
     ) -> Steps[list[str]]:
         """PUT entries with If-None-Match; return the keys written. Known seqs are skipped."""
         keys = [self.entry_key(state_id, generation, entry["seq"]) for entry in entries]
-        bodies = [dumps(entry) for entry in entries]
         outcomes = yield from self._send(
             [self._put(k, b, IfNoneMatch="*") for k, b in zip(keys, bodies, strict=True)]
         )
@@ -572,75 +650,104 @@ class Protocol:
                     self._raise(outcome, keys[i], "GetObject (an entry already stored)")
                 assert isinstance(outcome, dict)
                 stored = self._entry(outcome, keys[i], entries[i]["seq"])
-                if outcome["Body"] != bodies[i] and stored != loads(bodies[i], self.url(keys[i])):
+                if outcome["Body"] != bodies[i] and stored != json.loads(bodies[i]):
                     raise self._second_writer(state_id, keys[i], entries[i]["seq"])
                 logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
         return written
 
     def _create(
-        self, state_id: str, entries: Sequence[dict[str, Any]], snapshot: dict[str, Any]
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        entry_bodies: Sequence[bytes],
+        body: bytes,
     ) -> Steps[None]:
-        generation = new_generation()
-        written = yield from self._put_entries(state_id, generation, entries)
+        """Entries under a new generation, then the snapshot with ``If-None-Match: *``.
+
+        A 412 is a taken id, unless the snapshot found is one this store object PUT in an
+        attempt whose answer was lost (its write token says so): then the create happened,
+        and the snapshot is brought up to date with ``If-Match``.
+        """
+        pending = self.pending_creates.get(state_id)
+        generation = pending.generation if pending else new_generation()
+        written = yield from self._put_entries(state_id, generation, entries, entry_bodies)
         key = self.snapshot_key(state_id)
-        put = self._put(
-            key, dumps(snapshot), IfNoneMatch="*", Metadata={GENERATION_META: generation}
+        token = new_token()
+        tokens = (pending.tokens if pending else frozenset()) | {token}
+        self.pending_creates[state_id] = PendingCreate(generation, tokens)
+        count = len(entries)
+        put = self._snapshot_put(
+            key, body, Version("", generation, count=count), token, IfNoneMatch="*"
         )
         (outcome,) = yield from self._send([put])
         if not isinstance(outcome, Exception):
-            self.versions[state_id] = Version(outcome["ETag"], generation)
+            del self.pending_creates[state_id]
+            self.versions[state_id] = Version(outcome["ETag"], generation, count=count)
             logger.debug("created %s with %d entries at %s", state_id, len(entries), self.url(key))
             return
         if error_code(outcome) != "PreconditionFailed":
             self._raise(outcome, key, "PutObject", "If-None-Match: *")
         current = yield from self._get_snapshot(state_id, "GetObject (a taken id)")
-        if current is not None and same_snapshot(current.snapshot, snapshot):
-            # An earlier attempt of this very create succeeded, but its answer was lost.
-            self.versions[state_id] = current.version
-            if current.version.generation != generation:
-                yield from self._delete_keys(written, required=False)
+        if current is not None and current.token in tokens:
+            # An attempt of this very create was applied, but its answer was lost.
+            del self.pending_creates[state_id]
+            self.versions[state_id] = replace(current.version, count=count)
             logger.debug("%s was created by an earlier attempt of this write", self.url(key))
+            if current.body != body:
+                yield from self._replace_snapshot(state_id, body)
             return
+        self.pending_creates.pop(state_id, None)
         yield from self._delete_keys(written, required=False)
         raise StateExistsError(
             f"{self.url(self.root)} already has a State with id {state_id!r} ({self.url(key)}): "
             f"continue it with store.load({state_id!r}), or pick another id"
         )
 
-    def _replace_snapshot(
-        self, state_id: str, version: Version, snapshot: dict[str, Any]
-    ) -> Steps[None]:
+    def _replace_snapshot(self, state_id: str, body: bytes) -> Steps[None]:
+        """PUT the snapshot with ``If-Match`` on the ETag this store object last wrote or read.
+
+        A 412 is a second writer, unless the snapshot found carries the token of one of our own
+        PUTs whose answer was lost (botocore retried it, or an earlier save raised): then it is
+        ours, and the PUT is made again on its ETag.
+        """
         key = self.snapshot_key(state_id)
-        put = self._put(
-            key,
-            dumps(snapshot),
-            IfMatch=version.etag,
-            Metadata={GENERATION_META: version.generation},
-        )
-        (outcome,) = yield from self._send([put])
-        if not isinstance(outcome, Exception):
-            self.versions[state_id] = replace(version, etag=outcome["ETag"])
-            return
-        code = error_code(outcome)
-        if code in _NOT_FOUND_CODES:
-            self.versions.pop(state_id, None)
-            raise self._not_found(
-                state_id, f": {self.url(key)} was deleted since this store object last saved it"
+        for _ in range(3):
+            version = self.versions[state_id]
+            token = new_token()
+            put = self._snapshot_put(key, body, version, token, IfMatch=version.etag)
+            (outcome,) = yield from self._send([put])
+            if not isinstance(outcome, Exception):
+                self.versions[state_id] = replace(
+                    version, etag=outcome["ETag"], unsure=frozenset()
+                )
+                return
+            code = error_code(outcome)
+            if code in _NOT_FOUND_CODES:
+                self.versions.pop(state_id, None)
+                raise self._not_found(
+                    state_id,
+                    f": {self.url(key)} was deleted since this store object last saved it",
+                )
+            if code != "PreconditionFailed":
+                # It may have been applied: remember its token.
+                self.versions[state_id] = replace(version, unsure=version.unsure | {token})
+                self._raise(outcome, key, "PutObject", f"If-Match: {version.etag}")
+            current = yield from self._get_snapshot(state_id, "GetObject (a changed snapshot)")
+            if current is None:
+                self.versions.pop(state_id, None)
+                raise self._not_found(
+                    state_id,
+                    f": {self.url(key)} was deleted since this store object last saved it",
+                )
+            ours = version.unsure | {token}
+            if current.version.generation != version.generation or current.token not in ours:
+                break
+            # Our own write, whose answer was lost.
+            self.versions[state_id] = replace(
+                version, etag=current.version.etag, unsure=frozenset()
             )
-        if code != "PreconditionFailed":
-            self._raise(outcome, key, "PutObject", f"If-Match: {version.etag}")
-        current = yield from self._get_snapshot(state_id, "GetObject (a changed snapshot)")
-        if current is None:
-            self.versions.pop(state_id, None)
-            raise self._not_found(
-                state_id, f": {self.url(key)} was deleted since this store object last saved it"
-            )
-        if current.version.generation == version.generation and same_snapshot(
-            current.snapshot, snapshot
-        ):
-            # Our own write, whose answer was lost (a retry found it applied).
-            self.versions[state_id] = replace(version, etag=current.version.etag)
-            return
+            if current.body == body:
+                return
         # Keep the old version: every later write of this State here is refused too.
         raise ConcurrentWriteError(
             f"State {state_id!r} was saved by another writer since this process last read or "
@@ -674,7 +781,7 @@ class Protocol:
         yield from self._scan(state_id, generation, page, listed, entries)
 
         # A writer may have added entries between our listing and our snapshot GET.
-        covered = stored.snapshot.get("entries")
+        covered = stored.version.count
         for _ in range(3):
             gap = _run(entries)
             if not isinstance(covered, int) or gap >= covered:
@@ -700,7 +807,7 @@ class Protocol:
             )
         self._remember(state_id, held, stored.version, gap, orphans)
         logger.debug("read %s: %d entries", self.url(snap_key), gap)
-        return Record([entries[seq] for seq in range(gap)], stored.snapshot)
+        return _contract.make_record([entries[seq] for seq in range(gap)], stored.snapshot)
 
     def _remember(
         self,
@@ -722,9 +829,11 @@ class Protocol:
         if self.versions.get(state_id) is not held:
             return
         if held is not None and (held.etag, held.generation) == (read.etag, read.generation):
-            self.versions[state_id] = replace(held, gap=gap, orphans=orphans)
+            self.versions[state_id] = replace(held, gap=gap, orphans=orphans, count=gap)
         else:
-            self.versions[state_id] = replace(read, gap=gap, orphans=orphans, floor=gap)
+            self.versions[state_id] = replace(
+                read, gap=gap, orphans=orphans, floor=gap, count=gap
+            )
 
     def _scan(
         self,
@@ -789,9 +898,14 @@ class Protocol:
 
     # List ------------------------------------------------------------------------------
 
-    def list_states(self) -> Steps[list[SavedState]]:
-        """One ListObjectsV2 per 1,000 States (by ``/``), snapshot GETs in parallel."""
-        saved: list[SavedState] = []
+    def list_states(self) -> Steps[list[Summary]]:
+        """One ListObjectsV2 per 1,000 States (by ``/``), snapshot GETs in parallel.
+
+        Each State is summarised by the installed core's own summary class. A State created
+        without a snapshot (alpineagents 0.2-0.4, in the middle of a turn) is listed once its
+        first snapshot is saved.
+        """
+        saved: list[Summary] = []
         (page,) = yield from self._send([self._list(self.root, Delimiter="/")])
         while True:
             if isinstance(page, Exception):
@@ -818,19 +932,37 @@ class Protocol:
                         continue  # a create that did not finish, or a State being deleted
                     self._raise(outcome, key, "GetObject")
                 assert isinstance(outcome, dict)
-                where = self.url(key)
-                saved.append(
-                    SavedState.from_snapshot(state_id, loads(outcome["Body"], where), where)
-                )
+                self._check_layout(outcome.get("Metadata", {}), key)
+                snapshot = loads_snapshot(outcome["Body"], self.url(key))
+                if snapshot is None:
+                    logger.debug("not listing %s: created without a snapshot", self.url(key))
+                    continue
+                saved.append(self._summary(state_id, snapshot, key))
             if not token:
                 break
-        saved.sort(key=lambda s: s.updated_at, reverse=True)
-        return saved
+        return _contract.newest_first(saved)
+
+    def _summary(self, state_id: str, snapshot: dict[str, Any], key: str) -> Summary:
+        """The core's summary of a snapshot; a snapshot it cannot read names the object."""
+        try:
+            return _contract.summarize(state_id, snapshot)
+        except Exception as e:
+            newer = any(c.__name__ == "SchemaVersionError" for c in type(e).__mro__)
+            error = SchemaVersionError if newer else CorruptStateError
+            raise error(
+                f"{self.url(key)} is not a snapshot alpineagents {_contract.CORE_VERSION} can "
+                f"summarise: {type(e).__name__}: {e}"
+            ) from e
 
     # Delete ----------------------------------------------------------------------------
 
     def delete(self, state_id: str) -> Steps[None]:
-        """List every object of the State, delete the snapshot, then the rest in batches."""
+        """List every object of the State, delete the snapshot, then the rest in batches.
+
+        An unknown id raises ``StateNotFoundError`` where the installed core says so (this
+        repository's core), and does nothing where its contract says that (published
+        alpineagents).
+        """
         validate_id(state_id)
         prefix = self.state_prefix(state_id)
         keys = yield from self._list_keys(prefix)
@@ -839,7 +971,9 @@ class Protocol:
         if snap_key not in keys:
             if keys:  # leftovers of a create that did not finish
                 yield from self._delete_keys(keys, required=False)
-            raise self._not_found(state_id)
+            if _contract.raises_on_unknown_delete():
+                raise self._not_found(state_id)
+            return  # the published contract: "does nothing if the id does not exist"
         # The snapshot first: the State is gone at once, whole.
         (outcome,) = yield from self._send(
             [Call("delete_object", {"Bucket": self.bucket, "Key": snap_key})]
@@ -893,7 +1027,7 @@ class Protocol:
         """Raise (if ``required``) or log the first failure of ``_delete_calls(keys)``."""
         batches = [keys[i : i + PAGE] for i in range(0, len(keys), PAGE)]
         for batch, outcome in zip(batches, outcomes, strict=True):
-            failure: StoreError | Exception | None = None
+            failure: Exception | None = None
             if isinstance(outcome, Exception):
                 failure = self.error(outcome, batch[0], "DeleteObjects")
             elif outcome.get("Errors"):

@@ -5,22 +5,23 @@ from __future__ import annotations
 import builtins
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Self
 from urllib.parse import urlsplit
 
-import aioboto3
 import boto3
 import botocore.session
 from botocore.config import Config
 from botocore.configprovider import ConfiguredEndpointProvider
 from botocore.exceptions import BotoCoreError
 
-from alpineagents.store import Record, SavedState, Store
 from alpineagents_s3._async import AsyncDriver
+from alpineagents_s3._contract import Record, Store, Summary
 from alpineagents_s3._protocol import Protocol, StoredObject
 from alpineagents_s3._sync import SyncDriver
 
 if TYPE_CHECKING:
+    import aioboto3
     from types_boto3_s3 import S3Client
 
 __all__ = ["S3Store"]
@@ -213,6 +214,7 @@ class S3Store(Store):
         return client
 
     def _open_aio_client(self) -> Any:
+        aioboto3 = _import_aioboto3(self)
         if self._aio_session is None:
             # The async side follows the sync session's profile and region, if one was given.
             given = self._session
@@ -247,15 +249,45 @@ class S3Store(Store):
         *,
         create: bool = False,
     ) -> None:
-        """PUT the entries the bucket lacks in parallel, then the snapshot (unless ``None``)."""
+        """PUT the entries the bucket lacks in parallel, then the snapshot (unless ``None``).
+
+        ``snapshot`` is the snapshot dict (alpineagents 0.2-0.4 and this repository's core;
+        ``None`` keeps the stored one) or the info dict (0.5+); the store does not look
+        inside it.
+        """
         self._sync.run(self._protocol.write(state_id, entries, snapshot, create))
 
     def read(self, state_id: str) -> Record | None:
         """The snapshot and every entry, fetched concurrently; ``None`` for an unknown id."""
         return self._sync.run(self._protocol.read(state_id))
 
-    def list(self) -> list[SavedState]:
-        """The saved States, most recently updated first."""
+    def load(self, state_id: str) -> Any:
+        """The core's ``load``; an error of the core about what is stored names where it is."""
+        try:
+            return super().load(state_id)
+        except Exception as e:
+            self._note_where(e, state_id)
+            raise
+
+    async def aload(self, state_id: str) -> Any:
+        """The core's ``aload``; an error of the core about what is stored names where it is."""
+        try:
+            return await super().aload(state_id)
+        except Exception as e:
+            self._note_where(e, state_id)
+            raise
+
+    def _note_where(self, error: Exception, state_id: str) -> None:
+        if "s3://" not in str(error) and isinstance(state_id, str):
+            where = self._protocol.url(self._protocol.state_prefix(state_id))
+            error.add_note(f"State {state_id!r} is stored under {where}")
+
+    def list(self) -> builtins.list[Summary]:
+        """The saved States, most recently updated first.
+
+        Each is the installed alpineagents' own summary: ``SavedState`` (0.2-0.4 and this
+        repository's core) or ``StateInfo`` (0.5+).
+        """
         return self._sync.run(self._protocol.list_states())
 
     def delete(self, state_id: str) -> None:
@@ -288,7 +320,7 @@ class S3Store(Store):
         """Async ``read``, on aioboto3."""
         return await self._async.run(self._protocol.read(state_id))
 
-    async def alist(self) -> builtins.list[SavedState]:
+    async def alist(self) -> builtins.list[Summary]:
         """Async ``list``, on aioboto3."""
         return await self._async.run(self._protocol.list_states())
 
@@ -304,6 +336,37 @@ class S3Store(Store):
         """Close the aioboto3 client of the running event loop, and the sync client."""
         await self._async.aclose()
         self._sync.close()
+
+    # Context managers (the published Store base has none) ------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def _import_aioboto3(store: S3Store) -> Any:
+    """aioboto3, for the async methods; it is the plugin's ``async`` extra."""
+    try:
+        import aioboto3
+    except ImportError as e:
+        raise ImportError(
+            f"the async methods of {store!r} (awrite, aread, alist, adelete, used by "
+            "agent.arun) need aioboto3, which is not installed: "
+            "pip install 'alpineagents-s3[async]'"
+        ) from e
+    return aioboto3
 
 
 def _retries_configured(core: botocore.session.Session) -> bool:

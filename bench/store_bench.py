@@ -37,7 +37,8 @@ from alpineagents import FileStore, _saving
 from alpineagents._serialize import dumps
 from alpineagents.state import MODEL, TOOL_RESULT, State
 from alpineagents.store import Store
-from alpineagents_s3 import RequestLog, S3Store, embedded_moto
+from alpineagents_s3 import S3Store
+from alpineagents_s3.testing import RequestLog, embedded_moto
 
 BUCKET = "bench"
 KINDS = ("PUT", "GET", "LIST", "HEAD", "DELETE")

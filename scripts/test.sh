@@ -1,20 +1,79 @@
 #!/usr/bin/env bash
-# Set up a virtual environment from this checkout, start the S3 emulator the integration
-# tests use (LocalStack, on 127.0.0.1, no Docker), run every test, and stop the emulator.
-# Set ALPINEAGENTS_NO_LOCALSTACK=1 to skip the emulator (its tests are then skipped).
-# Extra arguments go to pytest.
+# Every test, on a fresh machine: set up, start the S3 emulator, run, stop.
+#
+# 1. This repository's core (editable) and the plugin's wheel (packaging/alpineagents-s3) in
+#    one virtualenv ($ALPINEAGENTS_VENV, default .venv): the whole suite, tests/plugin included.
+# 2. For each published alpineagents in PUBLISHED_CORES, a virtualenv of its own with that
+#    release from the package index and the same plugin wheel: tests/plugin, the plugin's suite
+#    written against the Store contract alone (conformance on moto's server, and that core's
+#    own Agent killed mid-tool and resumed from the bucket).
+# LocalStack (on 127.0.0.1, no Docker) runs for step 1; ALPINEAGENTS_NO_LOCALSTACK=1 skips it
+# (its tests are then skipped). Extra arguments go to the pytest of step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${ALPINEAGENTS_VENV:-.venv}
+published=${PUBLISHED_CORES:-"0.4.0 0.7.1"}
+pip_quiet=(--quiet --disable-pip-version-check)
+
+quiet() {  # pip, without the warnings of a pip configuration naming folders that do not exist
+    "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    return "${PIPESTATUS[0]}"
+}
+
+# The plugin's wheel, built once from this checkout and installed into every virtualenv.
+wheels=$(mktemp -d)
+trap 'rm -rf "$wheels"' EXIT
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+quiet "$venv/bin/python" -m pip install "${pip_quiet[@]}" -e '.[dev]'
+quiet "$venv/bin/python" -m pip wheel "${pip_quiet[@]}" --no-deps -w "$wheels" ./packaging/alpineagents-s3
+plugin=$(ls "$wheels"/alpineagents_s3-*.whl)
+quiet "$venv/bin/python" -m pip install "${pip_quiet[@]}" --force-reinstall --no-deps "$plugin"
+
+for core in $published; do
+    env_dir="$venv-core-$core"
+    [ -x "$env_dir/bin/python" ] || python3 -m venv "$env_dir"
+    quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$core" \
+        "pytest>=8.3" "pytest-asyncio>=0.25" "moto[server]>=5.1" "aioboto3>=15" "boto3>=1.40"
+    quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" --force-reinstall --no-deps "$plugin"
+    have=$("$env_dir/bin/python" -c 'from importlib.metadata import version; print(version("alpineagents"))')
+    [ "$have" = "$core" ] || { echo "test.sh: $env_dir has alpineagents $have, not $core" >&2; exit 1; }
+done
 
 if [ -z "${ALPINEAGENTS_NO_LOCALSTACK:-}" ] && [ -f localstack/localstack.sh ]; then
     bash localstack/localstack.sh install
     bash localstack/localstack.sh start
-    trap 'bash localstack/localstack.sh stop' EXIT
+    trap 'bash localstack/localstack.sh stop; rm -rf "$wheels"' EXIT
     bash localstack/localstack.sh wait
     export ALPINEAGENTS_LOCALSTACK_URL=${ALPINEAGENTS_LOCALSTACK_URL:-http://127.0.0.1:4566}
 fi
 
-"$venv/bin/python" -m pytest "$@"
+summary=()
+failed=0
+record() {  # record NAME STATUS LOG: the last line of a pytest run, for the matrix
+    local line
+    line=$(grep -E "^=+ .*(passed|failed|error).* in [0-9.]+s" "$3" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
+    summary+=("$(printf '%-38s %s' "$1" "${line:-no result (exit $2)}")")
+    [ "$2" -eq 0 ] || failed=1
+}
+
+logs=$(mktemp -d)
+status=0
+"$venv/bin/python" -m pytest "$@" 2>&1 | tee "$logs/repo.log" || status=$?
+record "alpineagents $("$venv/bin/python" -c 'from importlib.metadata import version; print(version("alpineagents"))') (this repo)" "$status" "$logs/repo.log"
+
+for core in $published; do
+    status=0
+    # The installed packages only: no repository folder on sys.path (PYTHONSAFEPATH, importlib
+    # import mode, no conftest above tests/plugin), and the session checks where it imported
+    # alpineagents and alpineagents_s3 from.
+    ALPINEAGENTS_EXPECT_CORE=$core PYTHONSAFEPATH=1 "$venv-core-$core/bin/python" -m pytest \
+        -c pyproject.toml --rootdir=. --import-mode=importlib --confcutdir=tests/plugin \
+        -p no:cacheprovider tests/plugin 2>&1 | tee "$logs/$core.log" || status=$?
+    record "alpineagents $core (published)" "$status" "$logs/$core.log"
+done
+
+echo
+echo "== the plugin against each alpineagents =="
+printf '%s\n' "${summary[@]}"
+rm -rf "$logs"
+exit "$failed"

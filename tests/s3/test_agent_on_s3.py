@@ -9,7 +9,8 @@ import pytest
 from alpineagents import Agent, State
 from alpineagents.state import TOOL_RESULT
 from alpineagents.testing import TestModel
-from alpineagents_s3 import RequestLog, S3Store
+from alpineagents_s3 import S3Store
+from alpineagents_s3.testing import RequestLog
 from tests.s3.conftest import MakeBucket
 
 

@@ -24,12 +24,12 @@ from alpineagents.testing._store_suite import make_entries, make_snapshot
 from alpineagents_s3 import (
     BucketNotFoundError,
     ConditionalWritesUnsupportedError,
-    RequestLog,
     S3AccessDeniedError,
     S3Store,
     S3StoreError,
     _protocol,
 )
+from alpineagents_s3.testing import RequestLog
 from tests.s3.conftest import MakeBucket
 from tests.s3.faults import Refuse, Throttle, play
 
@@ -115,6 +115,9 @@ def _key(moto: S3Client, bucket: str, part: str) -> str:
         ("snapshot.json", b"{not json", CorruptStateError, "not valid JSON"),
         ("0000000001.json", b"\xff\xfe", CorruptStateError, "not valid JSON"),
         ("0000000001.json", b"[1, 2]", CorruptStateError, "not a JSON object"),
+        ("0000000001.json", b'{"seq": 2}', CorruptStateError, "holds history entry 2, not 1"),
+        # What is inside an entry or snapshot is the core's to judge, at load; the message
+        # names the State, a note names where it is stored.
         ("0000000001.json", b'{"seq": 1}', CorruptStateError, "no schema version"),
         ("snapshot.json", b'{"v": 99, "id": "s"}', SchemaVersionError, "upgrade alpineagents"),
         ("0000000000.json", b'{"v": 99, "seq": 0}', SchemaVersionError, "schema version 99"),
@@ -139,7 +142,30 @@ def test_a_damaged_or_future_object_is_named(
     async def scenario(io: StoreIO) -> None:
         with pytest.raises(error, match=words) as raised:
             await io.load("s")
-        assert f"s3://{bucket}/{key}" in str(raised.value)
+        told = "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
+        assert f"s3://{bucket}/{key}" in told or f"s3://{bucket}/runs/s/" in told
+
+    play(store, mode, scenario)
+
+
+@both_modes
+def test_an_object_of_a_newer_layout_is_refused_naming_it(
+    mode: str, moto_url: str, moto_bucket: MakeBucket, moto: S3Client
+) -> None:
+    bucket = moto_bucket()
+    store = saved_state(moto_url, bucket)
+    key = _key(moto, bucket, "snapshot.json")
+    metadata = moto.head_object(Bucket=bucket, Key=key)["Metadata"]
+    body = moto.get_object(Bucket=bucket, Key=key)["Body"].read()
+    moto.put_object(
+        Bucket=bucket, Key=key, Body=body, Metadata={**metadata, "alpineagents-layout": "2"}
+    )
+
+    async def scenario(io: StoreIO) -> None:
+        for attempt in (io.load("s"), io.list()):
+            with pytest.raises(SchemaVersionError, match="upgrade alpineagents-s3") as raised:
+                await attempt
+            assert f"s3://{bucket}/{key}" in str(raised.value)
 
     play(store, mode, scenario)
 

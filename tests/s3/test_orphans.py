@@ -23,7 +23,8 @@ from alpineagents.state import State
 from alpineagents.store import dumps
 from alpineagents.testing import StoreIO
 from alpineagents.testing._store_suite import make_entries, make_snapshot
-from alpineagents_s3 import RequestLog, S3Store
+from alpineagents_s3 import S3Store
+from alpineagents_s3.testing import RequestLog
 from alpineagents_s3._protocol import GENERATION_META
 from tests.s3.conftest import MakeBucket, raw_client
 from tests.s3.faults import play

@@ -16,7 +16,8 @@ from alpineagents.errors import ConcurrentWriteError, StateExistsError
 from alpineagents.state import MODEL, TOOL_RESULT, State
 from alpineagents.testing import StoreIO
 from alpineagents.testing._store_suite import make_entries, make_snapshot
-from alpineagents_s3 import RequestLog, S3Store
+from alpineagents_s3 import S3Store, S3StoreError
+from alpineagents_s3.testing import RequestLog
 from tests.s3.conftest import MakeBucket
 from tests.s3.faults import InFlight, LoseAnswers, Refuse, objects, play
 
@@ -213,24 +214,56 @@ def test_answers_lost_after_s3_applied_the_write_are_recognised(
 def test_a_create_retried_by_a_new_attempt_finds_its_own_state(
     mode: str, moto_url: str, moto_bucket: MakeBucket
 ) -> None:
-    """A create whose answer never came back, retried by the Agent's next save."""
+    """A create that S3 applied but whose answer was lost (the call raised), retried by the
+    Agent's next save with a newer snapshot, is recognised by its write token."""
     bucket = moto_bucket()
-    store = new_store(moto_url, bucket)
+    lost = {"left": 1}
+    creating = threading.local()
+
+    def mark(params: dict[str, Any], **kwargs: Any) -> None:
+        creating.snapshot = params["url"].endswith("/snapshot.json") and (
+            "If-None-Match" in params["headers"]
+        )
+
+    def lose_create_answer(**kwargs: Any) -> None:
+        if getattr(creating, "snapshot", False) and lost["left"]:
+            lost["left"] -= 1
+            raise ConnectionResetError("the answer was lost after S3 applied the PUT")
+
+    store = new_store(
+        moto_url,
+        bucket,
+        event_hooks={
+            "before-call.s3.PutObject": mark,
+            "after-call.s3.PutObject": lose_create_answer,
+        },
+    )
     entries, snapshot = make_entries(0, 3), make_snapshot("again", 3)
 
     async def scenario(io: StoreIO) -> None:
-        await io.write("again", entries, snapshot, create=True)
-        retry = StoreIO(new_store(moto_url, bucket), io.mode)
-        try:
-            later = dict(snapshot, updated_at="2026-01-01T00:00:09+00:00")
-            await retry.write("again", entries, later, create=True)  # not "id taken"
-            await retry.write("again", make_entries(3, 4), make_snapshot("again", 4))
-        finally:
-            await retry.close()
+        with pytest.raises(S3StoreError, match="ConnectionResetError"):
+            await io.write("again", entries, snapshot, create=True)
+        assert lost["left"] == 0
+        later = dict(snapshot, updated_at="2026-01-01T00:00:09+00:00")
+        await io.write("again", entries, later, create=True)  # not "id taken"
+        await io.write("again", make_entries(3, 4), make_snapshot("again", 4))
         found = await objects(io, "again")
         assert [o.kind for o in found] == ["entry"] * 4 + ["snapshot"]
+        assert (await io.read("again")).snapshot == make_snapshot("again", 4)
 
     play(store, mode, scenario)
+
+
+def test_a_create_by_another_store_object_with_the_same_content_is_refused(
+    moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    """Only this store object's own PUTs count as "ours": another one is a second writer."""
+    bucket = moto_bucket()
+    entries, snapshot = make_entries(0, 3), make_snapshot("twice", 3)
+    with new_store(moto_url, bucket) as first, new_store(moto_url, bucket) as second:
+        first.write("twice", entries, snapshot, create=True)
+        with pytest.raises(StateExistsError):
+            second.write("twice", entries, snapshot, create=True)
 
 
 @both_modes

@@ -22,7 +22,8 @@ from alpineagents import _saving
 from alpineagents.state import State
 from alpineagents.store import dumps, open_store
 from alpineagents.testing._store_suite import make_entries, make_snapshot
-from alpineagents_s3 import RequestLog, S3Store, embedded_moto
+from alpineagents_s3 import S3Store
+from alpineagents_s3.testing import RequestLog, embedded_moto
 from alpineagents_s3._protocol import GENERATION_META
 from tests.s3.conftest import MakeBucket
 

@@ -1,4 +1,7 @@
-"""Helpers for demos, benchmarks and tests: a request log and an embedded moto server."""
+"""Helpers for demos, benchmarks and tests of S3Store: a request log and an embedded moto server.
+
+Not part of the store itself: `embedded_moto` needs moto and changes `os.environ` while it runs.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,83 @@
+"""The bytes of S3Store's objects, and the ids it accepts. No alpineagents internals.
+
+An entry object's body is the entry dict as JSON; the snapshot object's body is the snapshot
+(or info) dict as JSON, or ``null`` for a State created without one (alpineagents 0.2-0.4 may
+do that in the middle of a turn). The store reads nothing in them but an entry's ``seq``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from alpineagents_s3.errors import CorruptStateError
+
+__all__ = ["dumps", "loads_entry", "loads_snapshot", "validate_id"]
+
+_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def validate_id(state_id: object) -> str:
+    """``state_id`` if it is a State id (letters, digits, ``_``, ``-``; 1 to 128), else raise.
+
+    Every alpineagents version has this rule; it also makes ids safe S3 key segments.
+    """
+    if not isinstance(state_id, str):
+        raise TypeError(f"a State id is a string, not {type(state_id).__name__}: {state_id!r}")
+    if not _ID.fullmatch(state_id):
+        raise ValueError(
+            f"invalid State id {state_id!r}: an id has letters, digits, _ and -, "
+            "1 to 128 characters"
+        )
+    return state_id
+
+
+def dumps(obj: Mapping[str, Any] | None, what: str) -> bytes:
+    """Compact UTF-8 JSON of a dict the core handed over; ``what`` names it in errors.
+
+    Raises ``ValueError`` for NaN or infinity and ``TypeError`` for a value JSON cannot hold,
+    before anything is sent, so nothing half-written is left behind.
+    """
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError as e:
+        raise ValueError(f"{what} cannot be saved: {e}") from e
+    except (TypeError, RecursionError) as e:
+        raise TypeError(f"{what} cannot be saved as JSON: {e}") from e
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} cannot be saved: it holds a lone surrogate ({e.object[e.start:e.end]!r} "
+            f"at {e.start}), which UTF-8 cannot encode"
+        ) from e
+
+
+def _loads(body: bytes, where: str) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CorruptStateError(f"{where} is not valid JSON: {e}") from e
+
+
+def loads_entry(body: bytes, where: str, seq: int) -> dict[str, Any]:
+    """An entry object's dict; it must be a JSON object whose ``seq`` is ``seq``."""
+    entry = _loads(body, where)
+    if not isinstance(entry, dict):
+        raise CorruptStateError(f"{where} is not a history entry: not a JSON object")
+    if entry.get("seq") != seq:
+        raise CorruptStateError(
+            f"{where} holds history entry {entry.get('seq')!r}, not {seq}: the object was "
+            "damaged or moved"
+        )
+    return entry
+
+
+def loads_snapshot(body: bytes, where: str) -> dict[str, Any] | None:
+    """A snapshot object's dict, or ``None`` for a State created without one."""
+    snapshot = _loads(body, where)
+    if snapshot is not None and not isinstance(snapshot, dict):
+        raise CorruptStateError(f"{where} is not a State snapshot: not a JSON object or null")
+    return snapshot

@@ -1,0 +1,98 @@
+"""The one place that meets the installed alpineagents: its public Store contract, nothing more.
+
+Two generations of that contract are in use, and S3Store serves both with the same code:
+
+========================  =========================================  ===========================
+                          snapshot (alpineagents 0.2-0.4, this repo)  info (alpineagents 0.5+)
+========================  =========================================  ===========================
+``write`` 3rd argument    ``snapshot``: a dict, or ``None`` to keep   ``info``: always a mapping
+                          the current one (also on ``create``)
+``Record``                ``Record(entries, snapshot)``               ``Record(entries, info)``
+list summary              ``SavedState.from_snapshot(id, snapshot)``  ``StateInfo.from_info(id,
+                                                                      info)``
+summary ``updated_at``    always a datetime                           may be ``None``
+========================  =========================================  ===========================
+
+Both name the same errors: a taken id on ``create`` is a ``ValueError``, a write to an id the
+store does not have a ``LookupError``, and ``read`` of an unknown id returns ``None``. The
+small dict is opaque here (0.4 keeps the whole model context in it, so it can be large).
+
+Only ``Store``, ``Record`` and the summary class are imported, from ``alpineagents.store``,
+which every published version exports.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any, Final
+
+import alpineagents.store as _core_store
+from alpineagents.store import Record, Store
+
+__all__ = ["CORE_VERSION", "GENERATION", "Record", "Store", "Summary", "make_record", "summarize"]
+
+logger = logging.getLogger("alpineagents_s3")
+
+try:
+    CORE_VERSION: Final[str] = metadata.version("alpineagents")
+except metadata.PackageNotFoundError:  # imported from a source tree that is not installed
+    CORE_VERSION = "unknown"
+
+Summary = Any  # SavedState (snapshot generation) or StateInfo (info generation)
+
+_from_info: Callable[[str, Mapping[str, Any]], Any] | None = None
+_from_snapshot: Callable[[str, Mapping[str, Any]], Any] | None = None
+if hasattr(_core_store, "StateInfo"):
+    GENERATION: Final[str] = "info"
+    _from_info = _core_store.StateInfo.from_info
+elif hasattr(_core_store, "SavedState"):
+    GENERATION = "snapshot"
+    _from_snapshot = _core_store.SavedState.from_snapshot
+else:  # pragma: no cover - no published version lacks both
+    raise ImportError(
+        f"alpineagents_s3 does not know the Store contract of alpineagents {CORE_VERSION}: "
+        "alpineagents.store has neither SavedState (0.2-0.4) nor StateInfo (0.5+)"
+    )
+
+_EPOCH: Final = datetime.min.replace(tzinfo=timezone.utc)
+
+
+def make_record(entries: Sequence[dict[str, Any]], small: dict[str, Any] | None) -> Record:
+    """The installed core's ``Record`` of ``entries`` and the snapshot or info dict."""
+    return Record(list(entries), small)  # type: ignore[arg-type]  # None: 0.2-0.4 only
+
+
+def summarize(state_id: str, small: dict[str, Any]) -> Summary:
+    """The installed core's list summary of a State, built by the core's own class method.
+
+    Raises what that method raises for a dict it cannot read (``KeyError``, ``ValueError``,
+    ``TypeError``, or the core's own error).
+    """
+    if _from_info is not None:
+        return _from_info(state_id, small)
+    assert _from_snapshot is not None
+    return _from_snapshot(state_id, small)
+
+
+def newest_first(summaries: list[Summary]) -> list[Summary]:
+    """Most recently updated first; a summary without ``updated_at`` (0.5+) last."""
+    return sorted(summaries, key=lambda s: getattr(s, "updated_at", None) or _EPOCH, reverse=True)
+
+
+def takes_none_snapshot() -> bool:
+    """Whether the contract lets ``write`` pass ``None`` for "keep the current snapshot"."""
+    return GENERATION == "snapshot"
+
+
+def raises_on_unknown_delete() -> bool:
+    """Whether ``delete`` of an unknown id raises (this repo's core) or does nothing (published).
+
+    The published contract says "does nothing if the id does not exist"; a core that defines
+    ``StateNotFoundError`` (this repository's) says ``KeyError``.
+    """
+    import alpineagents
+
+    return hasattr(alpineagents, "StateNotFoundError")
