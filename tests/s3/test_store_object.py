@@ -242,28 +242,6 @@ def test_embedded_moto_serves_a_demo_and_cleans_up(monkeypatch: pytest.MonkeyPat
     assert "AWS_ACCESS_KEY_ID" not in os.environ
 
 
-@pytest.mark.parametrize("missing", ["boto3", "aioboto3"])
-def test_without_the_extra_the_import_says_what_to_install(missing: str) -> None:
-    code = textwrap.dedent(
-        f"""
-        import sys
-        sys.modules[{missing!r}] = None  # as if it were not installed
-        import alpineagents
-        assert "botocore" not in sys.modules, "the core imported botocore"
-        try:
-            import alpineagents_s3
-        except ImportError as e:
-            print(e)
-        else:
-            raise SystemExit("imported without {missing}")
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert "pip install 'alpineagents[s3]'" in done.stdout
-
-
 def test_the_async_side_follows_the_sync_sessions_profile(
     moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
