@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any, Final
 
@@ -36,20 +36,22 @@ __all__ = ["CORE_VERSION", "GENERATION", "Record", "Store", "Summary", "make_rec
 
 logger = logging.getLogger("alpineagents_s3")
 
-try:
-    CORE_VERSION: Final[str] = metadata.version("alpineagents")
-except metadata.PackageNotFoundError:  # imported from a source tree that is not installed
-    CORE_VERSION = "unknown"
+def _core_version() -> str:
+    try:
+        return metadata.version("alpineagents")
+    except metadata.PackageNotFoundError:  # imported from a source tree that is not installed
+        return "unknown"
+
+
+CORE_VERSION: Final = _core_version()
 
 Summary = Any  # SavedState (snapshot generation) or StateInfo (info generation)
 
 _from_info: Callable[[str, Mapping[str, Any]], Any] | None = None
 _from_snapshot: Callable[[str, Mapping[str, Any]], Any] | None = None
 if hasattr(_core_store, "StateInfo"):
-    GENERATION: Final[str] = "info"
     _from_info = _core_store.StateInfo.from_info
 elif hasattr(_core_store, "SavedState"):
-    GENERATION = "snapshot"
     _from_snapshot = _core_store.SavedState.from_snapshot
 else:  # pragma: no cover - no published version lacks both
     raise ImportError(
@@ -57,7 +59,8 @@ else:  # pragma: no cover - no published version lacks both
         "alpineagents.store has neither SavedState (0.2-0.4) nor StateInfo (0.5+)"
     )
 
-_EPOCH: Final = datetime.min.replace(tzinfo=timezone.utc)
+GENERATION: Final = "info" if _from_info is not None else "snapshot"
+_EPOCH: Final = datetime.min.replace(tzinfo=UTC)
 
 
 def make_record(entries: Sequence[dict[str, Any]], small: dict[str, Any] | None) -> Record:

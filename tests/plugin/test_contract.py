@@ -109,7 +109,7 @@ def test_entries_the_store_has_are_skipped_when_sent_again(
     io.write("again", entries(0, 3), small(3), create=True)
     io.write("again", entries(1, 5), small(5))  # 1 and 2 again, as after a failed write
     assert list(io.read("again").entries) == entries(0, 5)
-    assert len([k for k in keys(s3, bucket, "runs/again/") if k.endswith("0.json") or "/entries/" in k]) == 5
+    assert len([k for k in keys(s3, bucket, "runs/again/") if "/entries/" in k]) == 5
 
 
 def test_an_entry_sent_again_with_other_content_is_refused(io: IO) -> None:
@@ -346,7 +346,8 @@ def test_list_gives_the_cores_own_summaries_newest_first(
         _save(store, _new_state(f"listed-{n}", f"task {n}"), mode)
         time.sleep(0.02)
     listed = IO(store, mode).list()
-    summary = alpineagents.store.StateInfo if GENERATION == "info" else alpineagents.store.SavedState
+    core = alpineagents.store
+    summary = core.StateInfo if GENERATION == "info" else core.SavedState
     assert all(type(s) is summary for s in listed)
     assert [s.id for s in listed] == ["listed-2", "listed-1", "listed-0"]
     loaded = IO(store, mode).load("listed-1")

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import subprocess
-import sys
-import textwrap
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,8 +20,8 @@ from alpineagents.state import State
 from alpineagents.store import dumps, open_store
 from alpineagents.testing._store_suite import make_entries, make_snapshot
 from alpineagents_s3 import S3Store
-from alpineagents_s3.testing import RequestLog, embedded_moto
 from alpineagents_s3._protocol import GENERATION_META
+from alpineagents_s3.testing import RequestLog, embedded_moto
 from tests.s3.conftest import MakeBucket
 
 if TYPE_CHECKING:
