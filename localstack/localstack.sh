@@ -58,8 +58,10 @@ import os, re, socket, subprocess, sys
 host, port = sys.argv[1], int(sys.argv[2])
 family = socket.AF_INET6 if ":" in host else socket.AF_INET
 probe = socket.socket(family, socket.SOCK_STREAM)
+# SO_REUSEADDR: connections of a stopped server in TIME_WAIT do not count; a listener does.
+probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
-    probe.bind((host, port))  # no SO_REUSEADDR: a listener anywhere on the port is a clash
+    probe.bind((host, port))
 except OSError:
     taken = True
 else:
