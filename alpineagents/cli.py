@@ -1,4 +1,4 @@
-"""The ``alpineagents`` command: list, show, remove, export, import, copy and move saved States.
+"""The alpineagents command: list, show, remove, export, import, copy and move saved States.
 
     alpineagents ls STORE                 the saved States, newest first (--json, --limit, ...)
     alpineagents show STORE ID            one State as a readable transcript (--json: all of it)
@@ -8,14 +8,14 @@
     alpineagents cp SRC DST [ID...]       copy States between stores (all of them without ids)
     alpineagents mv SRC DST [ID...]       move States: copy, then remove from SRC
 
-STORE, SRC and DST are a folder (a FileStore), ``file://PATH``, ``s3://BUCKET/PREFIX``
-(pip install alpineagents-s3), or any scheme a plugin registers in the ``alpineagents.stores``
+STORE, SRC and DST are a folder (a FileStore), file://PATH, s3://BUCKET/PREFIX
+(pip install alpineagents-s3), or any scheme a plugin registers in the alpineagents.stores
 entry-point group. A store read from must exist: a folder that does not exist is an error.
 
-``cp`` and ``mv`` can be run again after they were stopped or killed: States the destination
+cp and mv can be run again after they were stopped or killed: States the destination
 already holds identically are skipped. A different State under the same id is refused unless
-``--skip-existing`` or ``--overwrite`` says otherwise. The Python API behind them is
-:mod:`alpineagents.transfer`.
+--skip-existing or --overwrite says otherwise. The Python API behind them is
+alpineagents.transfer.
 
 Exit status:
     0    success
@@ -24,7 +24,7 @@ Exit status:
     3    not found: no such State, folder, bucket or file
     4    conflict: the destination has a different State under the same id
     130  interrupted (Ctrl+C)
-    141  the output pipe was closed (``alpineagents ls | head -1``); nothing is printed
+    141  the output pipe was closed (alpineagents ls STORE | head -1); nothing is printed
 
 Set ALPINEAGENTS_DEBUG=1 to get a traceback instead of the one-line error.
 """

@@ -570,7 +570,7 @@ def test_help_adds_little_to_importing_the_package() -> None:
 
     def best(code: str) -> float:
         times = []
-        for _ in range(3):
+        for _ in range(2):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             subprocess.run(
                 [sys.executable, "-c", code], capture_output=True, timeout=60, check=True
