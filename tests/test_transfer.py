@@ -331,8 +331,7 @@ async def test_async_export_import(make_store: StoreFactory) -> None:
             "history entries",
         ),
         (
-            '{"format": "alpineagents.state", "version": 1, "id": "x",'
-            ' "entries": [{"seq": 0}]}',
+            '{"format": "alpineagents.state", "version": 1, "id": "x", "entries": [{"seq": 0}]}',
             CorruptStateError,
             "no snapshot",
         ),
