@@ -6,8 +6,14 @@
 #   bash localstack/localstack.sh wait      # until S3 answers (timeout: LOCALSTACK_WAIT_SECONDS)
 #   bash localstack/localstack.sh stop      # SIGTERM, then SIGKILL after LOCALSTACK_STOP_SECONDS
 #   bash localstack/localstack.sh status
+#   bash localstack/localstack.sh url       # the endpoint, for ALPINEAGENTS_LOCALSTACK_URL
 #
-# Then: ALPINEAGENTS_LOCALSTACK_URL=http://127.0.0.1:4566 python -m pytest -m integration tests/s3
+# Then: ALPINEAGENTS_LOCALSTACK_URL="$(bash localstack/localstack.sh url)" \
+#           python -m pytest -m integration tests/s3
+#
+# The port is LOCALSTACK_PORT (default 4566) on LOCALSTACK_HOST_ADDRESS (default 127.0.0.1).
+# start refuses (exit 3) when another process already listens there, and names it; wait and
+# status report "ready" only when the listener is the LocalStack this script started.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -43,6 +49,91 @@ running_pid() {
     return 1
 }
 
+port_holder() {
+    # "free" if HOST:PORT can be bound; else "taken" and what listens there: "pid=N pgid=N cmd=…"
+    # (from ss -ltnp, else /proc/net/tcp* and /proc/*/fd), or "unknown" if it cannot tell.
+    "$PYTHON" - "$HOST" "$PORT" <<'PY'
+import os, re, socket, subprocess, sys
+
+host, port = sys.argv[1], int(sys.argv[2])
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+probe = socket.socket(family, socket.SOCK_STREAM)
+# SO_REUSEADDR: connections of a stopped server in TIME_WAIT do not count; a listener does.
+probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    probe.bind((host, port))
+except OSError:
+    taken = True
+else:
+    taken = False
+finally:
+    probe.close()
+if not taken:
+    print("free")
+    sys.exit(0)
+
+
+def describe(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = ""
+    try:
+        pgid = os.getpgid(pid)
+    except OSError:
+        pgid = ""
+    return f"pid={pid} pgid={pgid} cmd={cmd or '?'}"
+
+
+def from_ss():
+    try:
+        out = subprocess.run(
+            ["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, timeout=5
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.findall(r"pid=(\d+)", out)
+    return int(found[0]) if found else None
+
+
+def from_proc():
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:
+                inodes.add(fields[9])
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+pid = from_ss() or from_proc()
+print("taken " + (describe(pid) if pid else "unknown"))
+PY
+}
+
+ours() {
+    # Whether the process listening on the port belongs to the LocalStack we started (its
+    # process group, as setsid made it). Unknown holders count as not ours.
+    local pid="$1" holder
+    holder="$(port_holder)"
+    [[ "$holder" == taken\ pid=* ]] || return 1
+    [[ "$holder" =~ pgid=([0-9]+) ]] || return 1
+    [[ "${BASH_REMATCH[1]}" == "$pid" ]]
+}
+
 ready() {
     # S3 is ready when the health endpoint reports it "running" or "available".
     "$VENV/bin/python" - "$URL" <<'PY'
@@ -76,6 +167,17 @@ cmd_start() {
         log "already running (pid $pid) at $URL"
         return 0
     fi
+    local holder
+    holder="$(port_holder)"
+    if [[ "$holder" != free ]]; then
+        holder="${holder#taken }"
+        if [[ "$holder" == unknown ]]; then
+            holder="another process (run 'ss -ltnp' to see which)"
+        fi
+        log "port $PORT on $HOST is already in use by $holder: not starting. Stop it, or pick" \
+            "another port with LOCALSTACK_PORT=<port> (and point ALPINEAGENTS_LOCALSTACK_URL at it)"
+        exit 3
+    fi
     [[ -x "$VENV/bin/python" ]] || { log "not installed: run '$0 install' first"; exit 1; }
     mkdir -p "$STATE_DIR/data"
     # setsid: its own process group, so stop can signal LocalStack and its children.
@@ -97,12 +199,21 @@ cmd_start() {
 }
 
 cmd_wait() {
-    local deadline=$((SECONDS + WAIT_SECONDS))
-    while ! ready; do
-        if ! running_pid >/dev/null; then
+    local deadline=$((SECONDS + WAIT_SECONDS)) pid
+    while true; do
+        if ! pid="$(running_pid)"; then
             log "LocalStack is not running; the end of its log:"
             tail -n 30 "$LOG_FILE" >&2 || true
             exit 1
+        fi
+        if ready; then
+            if ours "$pid"; then
+                log "ready at $URL (pid $pid)"
+                return 0
+            fi
+            log "something answers at $URL, but not the LocalStack started here (pid $pid):" \
+                "$(port_holder). Stop it, or use another LOCALSTACK_PORT"
+            exit 3
         fi
         if ((SECONDS >= deadline)); then
             log "not ready after ${WAIT_SECONDS}s; the end of its log:"
@@ -111,7 +222,6 @@ cmd_wait() {
         fi
         sleep 0.5
     done
-    log "ready at $URL"
 }
 
 cmd_stop() {
@@ -139,9 +249,13 @@ cmd_stop() {
 cmd_status() {
     local pid
     if pid="$(running_pid)"; then
+        if ! ours "$pid"; then
+            log "running (pid $pid), but it does not hold port $PORT: $(port_holder)"
+            return 1
+        fi
         if ready; then log "running (pid $pid), ready at $URL"; else log "running (pid $pid), not ready"; fi
     else
-        log "not running"
+        log "not running; port $PORT: $(port_holder)"
         return 1
     fi
 }
@@ -152,8 +266,9 @@ case "${1:-}" in
     wait) cmd_wait ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
+    url) echo "$URL" ;;
     *)
-        echo "usage: $0 install|start|wait|stop|status" >&2
+        echo "usage: $0 install|start|wait|stop|status|url" >&2
         exit 2
         ;;
 esac

@@ -1,4 +1,4 @@
-"""The README's demo and the command line, run as a person would."""
+"""The README's demo, run as a person would (the command line: tests/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-from alpineagents import Agent, FileStore, State
-from alpineagents.cli import main
-from alpineagents.testing import TestModel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,18 +31,6 @@ def test_demo_kills_and_resumes_without_booking_twice() -> None:
     assert "tool_result (unknown: the run stopped before this result was saved" in out
     assert "check_booking" in out
     assert "book_flight ran 1 time(s)" in out
-
-
-def test_cli_lists_shows_and_deletes(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    store = FileStore(tmp_path)
-    Agent(TestModel(answer="ok"), store=store).run(State("first task", id="one"))
-    assert main(["list", str(tmp_path)]) == 0
-    assert "one\t" in capsys.readouterr().out
-    assert main(["show", str(tmp_path), "one"]) == 0
-    assert "first task" in capsys.readouterr().out
-    assert main(["delete", str(tmp_path), "one"]) == 0
-    assert main(["show", str(tmp_path), "one"]) == 1
-    assert "no saved State with id 'one'" in capsys.readouterr().err
 
 
 def test_demo_with_an_api_key_talks_to_the_messages_api() -> None:

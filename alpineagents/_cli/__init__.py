@@ -1,0 +1,1 @@
+"""The implementation of the ``alpineagents`` command (see :mod:`alpineagents.cli`)."""

@@ -1,0 +1,345 @@
+"""The commands of ``alpineagents``: each takes the parsed arguments and returns a status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import builtins
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from alpineagents._cli import render
+from alpineagents.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CommandError
+from alpineagents.filestore import FileStore
+from alpineagents.state import validate_id
+from alpineagents.store import Record, SavedState, Store, open_store
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command ``args.command``."""
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "ls": ls,
+        "list": ls,
+        "show": show,
+        "rm": rm,
+        "delete": rm,
+        "export": export,
+        "import": import_,
+        "cp": transfer,
+        "mv": transfer,
+    }
+    return commands[args.command](args)
+
+
+# Stores ---------------------------------------------------------------------------------
+
+
+class _SyncOver(Store):
+    """The sync methods of an async-only store, each run to completion on one event loop."""
+
+    def __init__(self, inner: Store):
+        self.inner = inner
+        self._runner = asyncio.Runner()
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+    def __eq__(self, other: object) -> bool:
+        return self.inner == (other.inner if isinstance(other, _SyncOver) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.inner)
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        self._runner.run(self.inner.awrite(state_id, entries, snapshot, create=create))
+
+    def read(self, state_id: str) -> Record | None:
+        return self._runner.run(self.inner.aread(state_id))
+
+    def list(self) -> builtins.list[SavedState]:
+        return self._runner.run(self.inner.alist())
+
+    def delete(self, state_id: str) -> None:
+        self._runner.run(self.inner.adelete(state_id))
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self.inner.aclose())
+        finally:
+            self._runner.close()
+
+
+@contextlib.contextmanager
+def opened(url: str, *, must_exist: bool) -> Iterator[Store]:
+    """Open the store at ``url`` for the sync API; ``must_exist``: a source, not a target."""
+    store = open_store(url)
+    if isinstance(store, FileStore):
+        if store.path.exists() and not store.path.is_dir():
+            raise CommandError(f"{store.path} is a file, not a store folder", EXIT_USAGE)
+        if must_exist and not store.path.is_dir():
+            raise CommandError(
+                f"no store folder {str(store.path)!r}: check the path (it must exist)",
+                EXIT_NOT_FOUND,
+            )
+    if store.is_async_only:
+        store = _SyncOver(store)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _not_found(state_id: str, store: Store, url: str) -> CommandError:
+    return CommandError(
+        f"no saved State with id {state_id!r} in {store!r}: see `alpineagents ls {url}`",
+        EXIT_NOT_FOUND,
+    )
+
+
+def _on_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _print_json(value: Any, indent: int | None = None) -> None:
+    """Print ``value`` as JSON, in pieces: a closed pipe is noticed at once, not at exit."""
+    encoder = json.JSONEncoder(ensure_ascii=False, indent=indent, default=str)
+    for piece in encoder.iterencode(value):
+        sys.stdout.write(piece)
+    sys.stdout.write("\n")
+
+
+# ls ---------------------------------------------------------------------------------------
+
+_RELATIVE = re.compile(r"(\d+)\s*([smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_when(text: str, option: str) -> datetime:
+    """An ISO date/time (UTC unless it says) or an age such as ``30m``, ``12h``, ``7d``."""
+    relative = _RELATIVE.fullmatch(text.strip())
+    if relative:
+        amount, unit = relative.groups()
+        return datetime.now(UTC) - timedelta(**{_UNITS[unit]: int(amount)})
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(
+            f"{option} {text!r}: give an ISO date or time (2026-05-01, 2026-05-01T12:00) "
+            "or an age (30m, 12h, 7d, 2w)",
+            EXIT_USAGE,
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def ls(args: argparse.Namespace) -> int:
+    """List the saved States, newest first."""
+    since = parse_when(args.since, "--since") if args.since else None
+    before = parse_when(args.before, "--before") if args.before else None
+    with opened(args.store, must_exist=True) as store:
+        listed = [
+            saved
+            for saved in store.list()
+            if (args.stopped_by is None or (saved.stopped_by or "none") == args.stopped_by)
+            and (since is None or saved.updated_at >= since)
+            and (before is None or saved.updated_at < before)
+        ]
+        if args.limit is not None:
+            listed = listed[: args.limit]
+        counts = _entry_counts(store, [saved.id for saved in listed])
+    rows = [(saved, counts[saved.id]) for saved in listed]
+    if args.json:
+        _print_json([render.summary_json(saved, n) for saved, n in rows])
+    else:
+        width = (
+            os.get_terminal_size(sys.stdout.fileno()).columns if _on_terminal(sys.stdout) else None
+        )
+        for line in render.table(rows, width):
+            print(line)
+    return EXIT_OK
+
+
+def _entry_counts(store: Store, ids: builtins.list[str]) -> dict[str, int | None]:
+    """How many history entries each State has (one read each, a few at a time)."""
+
+    def count(state_id: str) -> int | None:
+        record = store.read(state_id)
+        return None if record is None else len(record.entries)
+
+    if isinstance(store, _SyncOver) or len(ids) < 2:
+        return {state_id: count(state_id) for state_id in ids}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(zip(ids, pool.map(count, ids), strict=True))
+
+
+# show -------------------------------------------------------------------------------------
+
+
+def show(args: argparse.Namespace) -> int:
+    """Print one State: a header, then its history as a transcript (or all of it as JSON)."""
+    validate_id(args.id)
+    with opened(args.store, must_exist=True) as store:
+        record = store.read(args.id)
+        if record is None:
+            raise _not_found(args.id, store, args.store)
+        try:
+            state = store.load(args.id)
+        except KeyError:  # removed since the read
+            raise _not_found(args.id, store, args.store) from None
+    saved = len(record.entries)
+    if args.json:
+        _print_json(render.state_json(state, saved), indent=2)
+    else:
+        for line in render.transcript(state, saved):
+            print(line)
+    return EXIT_OK
+
+
+# rm ---------------------------------------------------------------------------------------
+
+
+def rm(args: argparse.Namespace) -> int:
+    """Remove States, after asking unless ``--yes``."""
+    ids = [validate_id(state_id) for state_id in dict.fromkeys(args.ids)]
+    with opened(args.store, must_exist=True) as store:
+        have = {saved.id for saved in store.list()}
+        for state_id in ids:
+            if state_id not in have:
+                raise _not_found(state_id, store, args.store)
+        if not args.yes:
+            if not _on_terminal(sys.stdin):
+                raise CommandError(
+                    f"not removing {len(ids)} State(s) from {store!r} without confirmation: "
+                    "pass --yes",
+                    EXIT_USAGE,
+                )
+            print(
+                f"Remove {len(ids)} State(s) from {store!r}: {', '.join(ids)}? [y/N] ",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                print("nothing removed", file=sys.stderr)
+                return EXIT_USAGE
+        for state_id in ids:
+            try:
+                store.delete(state_id)
+            except KeyError:
+                raise _not_found(state_id, store, args.store) from None
+            print(f"removed {state_id}")
+    return EXIT_OK
+
+
+# export / import ----------------------------------------------------------------------------
+
+
+def export(args: argparse.Namespace) -> int:
+    """Write one State as a JSON document, to stdout or a file."""
+    from alpineagents.transfer import export_state
+
+    validate_id(args.id)
+    with opened(args.store, must_exist=True) as store:
+        try:
+            document = export_state(store, args.id)
+        except KeyError:
+            raise _not_found(args.id, store, args.store) from None
+    if args.output in (None, "-"):
+        _print_json(document, indent=1)
+        return EXIT_OK
+    text = json.dumps(document, ensure_ascii=False, indent=1) + "\n"
+    _write_private(Path(args.output), text.encode())
+    print(
+        f"exported {args.id} ({len(document['entries'])} entries) to {args.output}", file=sys.stderr
+    )
+    return EXIT_OK
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable by its owner only (history holds messages)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except FileNotFoundError:
+        raise CommandError(
+            f"cannot write {path}: its folder does not exist", EXIT_NOT_FOUND
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def import_(args: argparse.Namespace) -> int:
+    """Write an exported State into a store."""
+    from alpineagents.transfer import import_state
+
+    if args.file == "-":
+        data, where = sys.stdin.buffer.read(), "stdin"
+    else:
+        try:
+            data, where = Path(args.file).read_bytes(), args.file
+        except FileNotFoundError:
+            raise CommandError(f"no file {args.file!r} to import", EXIT_NOT_FOUND) from None
+        except IsADirectoryError:
+            raise CommandError(
+                f"{args.file!r} is a folder, not an exported State", EXIT_USAGE
+            ) from None
+    with opened(args.store, must_exist=False) as store:
+        outcome = import_state(store, data, on_exists=args.on_exists, where=where)
+    print(render.outcome_line(outcome, store))
+    return EXIT_OK
+
+
+# cp / mv ----------------------------------------------------------------------------------
+
+
+def transfer(args: argparse.Namespace) -> int:
+    """Copy or move States between two stores, with progress on a terminal."""
+    from alpineagents.transfer import copy_states, move_states
+
+    move = args.command == "mv"
+    ids = [validate_id(state_id) for state_id in args.ids]
+    with opened(args.src, must_exist=True) as src, opened(args.dst, must_exist=False) as dst:
+        bar = (
+            render.ProgressBar(sys.stderr) if _on_terminal(sys.stderr) and not args.quiet else None
+        )
+
+        def progress(outcome: Any, done: int, total: int) -> None:
+            if bar is not None:
+                bar.clear()
+            if not args.quiet:
+                print(render.outcome_line(outcome, dst), flush=True)
+            if bar is not None:
+                bar.draw(done, total, outcome.id)
+
+        copy = move_states if move else copy_states
+        try:
+            done = copy(src, dst, ids or None, on_exists=args.on_exists, progress=progress)
+        finally:
+            if bar is not None:
+                bar.clear()
+    if not args.quiet:
+        print(render.transfer_summary(done, move, src, dst), file=sys.stderr)
+    return EXIT_OK
