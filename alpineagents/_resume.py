@@ -45,10 +45,9 @@ def continue_loaded(state: State, covered: int) -> None:
         skipped = history[stop:]
         state.append(NOTICE, missing_steps_notice(skipped), {"skipped": [stop, len(history)]})
     live = state.live_entries()
-    if live and ends_turn(live[-1]) and state._stop_seq != len(history):
+    if live and ends_turn(live[-1]) and not state._unchanged_since_stop():
         # The reply was saved, the stop was not: the run had ended with that reply.
-        state.stopped_by, state.answer = "reply", live[-1].text
-        state._stop_seq = len(history)
+        state._stop("reply", live[-1].text)
     for call in state.open_calls():
         if call["name"] not in BUILTIN_TOOLS:
             state.append(

@@ -151,7 +151,7 @@ class Agent:
             if self.store is not None and not (op == "save" and isinstance(error, Exception)):
                 # (A save that failed is not tried again at once; one interrupted is.)
                 try:
-                    _saving.save(self.store, state)
+                    self.store.save(state)
                 except Exception as save_error:
                     _note_failed_save(error, save_error)
                 # Ctrl+C while saving propagates from here instead of the original.
@@ -179,7 +179,7 @@ class Agent:
             if self.store is not None and not (op == "save" and isinstance(error, Exception)):
                 # (A save that failed is not tried again at once; one interrupted is.)
                 try:
-                    await _saving.asave(self.store, state)
+                    await self.store.asave(state)
                 except Exception as save_error:
                     _note_failed_save(error, save_error)
             raise
@@ -189,11 +189,11 @@ class Agent:
 
         Use it for changes outside the Agent's steps, such as the person's next message.
         """
-        _saving.save(self._require_store(), state)
+        self._require_store().save(state)
 
     async def asave(self, state: State) -> None:
         """Async ``save``."""
-        await _saving.asave(self._require_store(), state)
+        await self._require_store().asave(state)
 
     def close(self) -> None:
         """Close the model's client (the store is yours to close)."""
@@ -205,7 +205,7 @@ class Agent:
 
     def _do(self, op: Op, state: State) -> Any:
         if op == "save":
-            return self.store is not None and _saving.save(self.store, state)
+            return self.store is not None and self.store.save(state)
         if op == "think":
             return self.think(state)
         if op == "use_tools":
@@ -214,7 +214,7 @@ class Agent:
 
     async def _ado(self, op: Op, state: State) -> Any:
         if op == "save":
-            return self.store is not None and await _saving.asave(self.store, state)
+            return self.store is not None and await self.store.asave(state)
         if op == "think":
             return await self.athink(state)
         if op == "use_tools":
@@ -225,11 +225,11 @@ class Agent:
 
     def _steps(self, state: State) -> Generator[Op, Any, Any]:
         self._begin(state)
-        if state.stopped_by is not None and state._stop_seq == len(state.history):
+        if state._unchanged_since_stop():
             # Stopped, and nothing added since: the same answer, without a model request.
             yield "save"
             return state.answer
-        state.stopped_by, state.answer, state._stop_seq = None, None, None
+        state._restart()
         yield "save"
         steps = 0
         force_compaction = False
@@ -245,7 +245,7 @@ class Agent:
                 force_compaction = False
             if steps >= self.max_steps:
                 logger.info("State %s stopped after %d steps (max_steps)", state.id, steps)
-                _stop(state, "max_steps", None)
+                state._stop("max_steps", None)
                 break
             yield "save"
             entry: HistoryEntry = yield "think"
@@ -254,7 +254,7 @@ class Agent:
             if ends_turn(entry):
                 if reason in ("max_tokens", "refusal"):
                     logger.warning("State %s: the model stopped with %s", state.id, reason)
-                _stop(state, "reply", entry.text)
+                state._stop("reply", entry.text)
                 break
             # Open calls: use_tools runs them next. A pause (a server tool paused the turn):
             # the response goes back as it is. A full context window: compact, ask again.
@@ -270,14 +270,15 @@ class Agent:
         return state.answer
 
     def _begin(self, state: State) -> None:
-        if state._store is not None and self.store is None:
+        saved_in = _saving.saved_in(state)
+        if saved_in is not None and self.store is None:
             raise ValueError(
-                f"State {state.id!r} is saved in {state._store!r}, but this Agent has no "
+                f"State {state.id!r} is saved in {saved_in!r}, but this Agent has no "
                 "store: give the Agent that store to run it"
             )
         if self.store is not None:
             _saving.check_store(state, self.store)
-        saved_by = state._agent_fingerprint
+        saved_by = state._run_by(self._fingerprint)
         if saved_by is not None and saved_by != self._fingerprint:
             warnings.warn(
                 ResumeWarning(
@@ -286,7 +287,6 @@ class Agent:
                 ),
                 stacklevel=4,
             )
-        state._agent_fingerprint = self._fingerprint
 
     # think -----------------------------------------------------------------------------
 
@@ -419,9 +419,9 @@ class Agent:
     def _handle_builtins(self, state: State) -> None:
         """``finish`` with a valid answer stops the run; otherwise ``ask`` stops it."""
         calls = [c for c in state.open_calls() if c["name"] in BUILTIN_TOOLS]
-        finished = False
+        stop: tuple[StoppedBy, Any, tuple[Any, Any] | None] | None = None
         for call in (c for c in calls if c["name"] == "finish"):
-            if finished:
+            if stop is not None:
                 self._record_result(state, call, ToolOutcome("(ignored: the run already finished)"))
                 continue
             try:
@@ -431,9 +431,8 @@ class Agent:
                 self._record_result(state, call, ToolOutcome(text, True, e))
                 continue
             self._record_result(state, call, ToolOutcome("Answer accepted."))
-            _stop(state, "finish", answer)
-            state._answer_json = (answer, self._answer.dump_python(answer, mode="json"))
-            finished = True
+            stop = ("finish", answer, (answer, self._answer.dump_python(answer, mode="json")))
+        finished = stop is not None
         asks = [c for c in calls if c["name"] == "ask"]
         for call in asks[1:] if not finished else asks:
             text = (
@@ -444,9 +443,11 @@ class Agent:
             self._record_result(state, call, ToolOutcome(text))
         if not finished and asks:
             question = asks[0]["input"].get("question", "")
-            _stop(state, "ask", str(question))
-        if state.stopped_by is not None:
-            state._stop_seq = len(state.history)  # after the results of the ignored calls
+            stop = ("ask", str(question), None)
+        elif stop is None and state.stopped_by is not None:
+            stop = (state.stopped_by, state.answer, state._answer_json)
+        if stop is not None:
+            state._stop(*stop)  # after the results of the ignored calls
 
     def _validate_answer(self, tool_input: dict[str, Any]) -> Any:
         raw = tool_input["answer"]
@@ -553,12 +554,6 @@ async def _acall_into(tool: Tool, call: dict[str, Any]) -> ToolOutcome | BaseExc
 def _check_state(state: object) -> None:
     if not isinstance(state, State):
         raise TypeError(f"Agent.run() takes a State, not {type(state).__name__}")
-
-
-def _stop(state: State, how: StoppedBy, answer: Any) -> None:
-    state.stopped_by = how
-    state.answer = answer
-    state._stop_seq = len(state.history)
 
 
 def _note_failed_save(error: BaseException, save_error: Exception) -> None:

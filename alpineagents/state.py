@@ -12,13 +12,11 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, Literal
-
-if TYPE_CHECKING:
-    from alpineagents.store import Store
+from typing import Any, Final, Literal
 
 __all__ = [
     "HistoryEntry",
+    "SaveRecord",
     "State",
     "StoppedBy",
     "validate_id",
@@ -83,6 +81,24 @@ class HistoryEntry:
     at: datetime = field(default_factory=utcnow)
 
 
+@dataclass
+class SaveRecord:
+    """What the store has of one State: bookkeeping that is never saved itself.
+
+    Only :mod:`alpineagents._saving` reads and writes it: a save plans its write from it and
+    updates it once the store has the write; a load sets it to what was read.
+
+    Attributes:
+        store: The store the State is saved in (compared with ``==``), or ``None``.
+        count: How many history entries the store has.
+        snapshot: The snapshot the store has, or ``None`` for a State never saved.
+    """
+
+    store: object | None = None
+    count: int = 0
+    snapshot: dict[str, Any] | None = None
+
+
 class State:
     """One run of an agent: its task, its history and your ``data``, ready to be saved.
 
@@ -104,16 +120,67 @@ class State:
         self.answer: Any = None
         self.created_at: datetime = utcnow()
         self.updated_at: datetime = self.created_at
-        # How many history entries the last stop had: running again with nothing added since
-        # returns the same answer without a model request.
+        # How the last run stopped, written only by the methods below (and read by the
+        # serialiser): how many history entries the stop had, so that running again with
+        # nothing added since returns the same answer without a model request; the Agent
+        # that ran the State last; the JSON form of a typed answer, as (answer, JSON).
         self._stop_seq: int | None = None
-        # Persistence bookkeeping (never saved): where the State lives and what the store has.
-        self._store: Store | None = None
-        self._saved_count = 0
-        self._saved_snapshot: dict[str, Any] | None = None
         self._agent_fingerprint: dict[str, Any] | None = None
-        self._answer_json: tuple[Any, Any] | None = None  # (answer, its JSON form)
+        self._answer_json: tuple[Any, Any] | None = None
+        # What the store has; see SaveRecord.
+        self._saved = SaveRecord()
         self.append(TASK, task)
+
+    @classmethod
+    def _restore(
+        cls,
+        state_id: str,
+        task: str,
+        *,
+        data: dict[str, Any],
+        history: list[HistoryEntry],
+        stopped_by: StoppedBy | None,
+        stop_seq: int | None,
+        answer: Any,
+        agent: dict[str, Any] | None,
+        created_at: datetime,
+        updated_at: datetime,
+    ) -> State:
+        """A State rebuilt from saved values (the serialiser's side of loading)."""
+        state = cls(task, id=state_id, data=data)
+        state.history = history
+        state.stopped_by, state._stop_seq, state.answer = stopped_by, stop_seq, answer
+        state._agent_fingerprint = agent
+        state.created_at, state.updated_at = created_at, updated_at
+        return state
+
+    @property
+    def _saved_count(self) -> int:
+        # How many history entries the store has (read-only; kept for older callers).
+        return self._saved.count
+
+    # How the run stopped ---------------------------------------------------------------
+
+    def _stop(
+        self, how: StoppedBy, answer: Any, answer_json: tuple[Any, Any] | None = None
+    ) -> None:
+        """Record that the run stopped now, with ``answer`` (and its JSON form, if known)."""
+        self.stopped_by, self.answer = how, answer
+        self._stop_seq = len(self.history)
+        self._answer_json = answer_json
+
+    def _restart(self) -> None:
+        """Forget the last stop: a run is about to continue the conversation."""
+        self.stopped_by, self.answer, self._stop_seq = None, None, None
+
+    def _unchanged_since_stop(self) -> bool:
+        """Whether the run stopped and nothing was added to history since."""
+        return self.stopped_by is not None and self._stop_seq == len(self.history)
+
+    def _run_by(self, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+        """Record the Agent that runs the State now; return the one that ran it before."""
+        before, self._agent_fingerprint = self._agent_fingerprint, fingerprint
+        return before
 
     def __repr__(self) -> str:
         return (

@@ -8,7 +8,9 @@ optionally ``list``, ``delete``) or their async twins (``awrite``, ``aread``, ``
 * the async methods of a sync store run the sync method on a worker thread;
 * the sync methods of an async-only store refuse with a message that says to use ``arun``.
 
-``load`` and ``aload`` are built on ``read``.
+``load`` and ``aload`` are built on ``read``, and ``save`` and ``asave`` on ``write``: a save
+writes what the store lacks of a State, a load rebuilds the State and applies the resume
+policy (what a State does with the steps that were running when its process stopped).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
 
+from alpineagents import _saving
+from alpineagents._resume import continue_loaded
 from alpineagents._serialize import (
     SCHEMA_VERSION,
     check_stored,
     dumps,
     loads,
     same_snapshot,
-    state_from_record,
 )
 from alpineagents.errors import CorruptStateError, StateNotFoundError
 from alpineagents.state import State, validate_id
@@ -172,10 +175,15 @@ class Store:
         """Async ``close``; by default the sync method."""
         self.close()
 
-    # Built on read ---------------------------------------------------------------------
+    # Built on read and write ---------------------------------------------------------
 
     def load(self, state_id: str) -> State:
-        """Rebuild a saved State, ready to run again. ``KeyError`` if the id is unknown."""
+        """Rebuild a saved State, ready to run again. ``KeyError`` if the id is unknown.
+
+        Steps that were running when the State's process stopped are settled as the user
+        guide says: a tool call without a saved result gets the "(unknown: …)" result, and
+        saved steps that cannot be replayed leave the context with a notice.
+        """
         validate_id(state_id)
         return self._loaded(state_id, self.read(state_id))
 
@@ -184,11 +192,24 @@ class Store:
         validate_id(state_id)
         return self._loaded(state_id, await self.aread(state_id))
 
+    def save(self, state: State) -> bool:
+        """Write everything of ``state`` this store does not have yet; whether anything was.
+
+        Nothing is written when nothing changed. Raises ``ValueError`` for a State saved in
+        another store, or for a new State whose id this store already has, and ``TypeError``
+        naming the path of a value in ``state.data`` (or the answer) that JSON cannot hold.
+        """
+        return _saving.save(self, state)
+
+    async def asave(self, state: State) -> bool:
+        """Async ``save``."""
+        return await _saving.asave(self, state)
+
     def _loaded(self, state_id: str, record: Record | None) -> State:
         if record is None:
             raise StateNotFoundError(f"no saved State with id {state_id!r} in {self!r}")
-        state = state_from_record(state_id, list(record.entries), record.snapshot)
-        state._store = self
+        state, covered = _saving.restore(self, state_id, list(record.entries), record.snapshot)
+        continue_loaded(state, covered)
         return state
 
     # Sync/async defaults ---------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from alpineagents import Agent, CorruptStateError, FileStore, State, StoreError, _saving
+from alpineagents import Agent, CorruptStateError, FileStore, State, StoreError
 from alpineagents._serialize import entry_to_dict
 from alpineagents.model import ModelRequest
 from alpineagents.state import COMPACTION, MODEL, NOTICE, TOOL_RESULT
@@ -29,7 +29,7 @@ def entries_beyond_snapshot(store: FileStore, state: State, *entries: dict[str, 
 def test_entries_after_a_gap_beyond_the_snapshot_are_left_out() -> None:
     store = MemoryStore()
     state = State("t", id="gap")
-    _saving.save(store, state)
+    store.save(state)
     later = State("t")
     for n in range(3):
         later.add_user_message(f"m{n}")
@@ -46,7 +46,7 @@ def test_a_snapshot_naming_a_missing_entry_is_corrupt() -> None:
     state = State("t", id="hole")
     state.add_user_message("a")
     state.add_user_message("b")
-    _saving.save(store, state)
+    store.save(state)
     saved, snapshot = store._states["hole"]
     del saved[1]
     with pytest.raises(CorruptStateError, match="accounts for 3 history entries.*1 in a row"):
@@ -57,7 +57,7 @@ def test_a_reply_saved_without_its_stop_is_a_stopped_state(tmp_path: Path) -> No
     store = FileStore(tmp_path)
     model = script("the reply")
     state = State("question", id="r")
-    _saving.save(store, state)
+    store.save(state)
     # The save after the reply wrote its entry, then the process died before the snapshot.
     state.append(
         MODEL,
@@ -154,7 +154,7 @@ def test_ctrl_c_during_a_save_still_closes_the_calls_and_saves() -> None:
 def test_the_notice_tells_calls_that_ran_from_calls_that_may_not_have(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     state = State("t", id="n")
-    _saving.save(store, state)
+    store.save(state)
     state.append(COMPACTION, "summary", {"covers": 0})
     state.append(
         MODEL,
@@ -191,7 +191,7 @@ def test_list_names_a_snapshot_it_cannot_read(
     tmp_path: Path, content: dict[str, Any], message: str
 ) -> None:
     store = FileStore(tmp_path)
-    _saving.save(store, State("t", id="bad"))
+    store.save(State("t", id="bad"))
     (tmp_path / "bad" / "snapshot.json").write_text(json.dumps(content))
     with pytest.raises(StoreError, match=message) as caught:
         store.list()

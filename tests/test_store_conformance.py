@@ -119,14 +119,12 @@ class TestBroken(StoreConformance):
 
 
 def test_saving_a_state_in_a_second_store_is_refused(tmp_path: Path) -> None:
-    from alpineagents import _saving
-
     state = State("task")
-    _saving.save(FileStore(tmp_path / "a"), state)
+    FileStore(tmp_path / "a").save(state)
     with pytest.raises(ValueError, match="saved in FileStore"):
-        _saving.save(FileStore(tmp_path / "b"), state)
+        FileStore(tmp_path / "b").save(state)
     # Two FileStore objects for the same folder are the same store.
     state.add_user_message("more")
-    assert _saving.save(FileStore(tmp_path / "a"), state) is True
+    assert FileStore(tmp_path / "a").save(state) is True
     assert FileStore(tmp_path / "a") == FileStore(str(tmp_path / "x" / ".." / "a"))
     assert hash(FileStore(tmp_path / "a")) == hash(FileStore(tmp_path / "a"))

@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from alpineagents import _saving
 from alpineagents._serialize import entry_to_dict, snapshot_of
 from alpineagents.state import MODEL, TOOL_RESULT, State
 from alpineagents.store import Record, SavedState, Store
@@ -75,10 +74,9 @@ class StoreIO:
         return result
 
     async def save(self, state: State) -> bool:
-        """Save a State the way the Agent does."""
-        if self.mode == "async":
-            return await _saving.asave(self.store, state)
-        return await asyncio.to_thread(_saving.save, self.store, state)
+        """``save`` or ``asave``."""
+        result: bool = await self._call("save", state)
+        return result
 
     async def close(self) -> None:
         """Close the store the way the mode would."""
@@ -130,6 +128,24 @@ def make_snapshot(state_id: str, entries: int, **changes: Any) -> dict[str, Any]
     snapshot = snapshot_of(state)
     snapshot.update(entries=entries, **changes)
     return snapshot
+
+
+class _Scratch(Store):
+    """A store that only records its writes: (id, seqs, create)."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, list[int], bool]] = []
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        """Record the write."""
+        self.writes.append((state_id, [e["seq"] for e in entries], create))
 
 
 async def _gather(*calls: Awaitable[Any]) -> list[Any]:
@@ -392,7 +408,8 @@ class StoreConformance:
         assert loaded.data == {"pr": 42, "t": [1, 2]}
         assert (loaded.stopped_by, loaded.answer) == ("reply", {"ok": True})
         assert loaded.updated_at == state.updated_at
-        assert loaded._store == io.store
+        with pytest.raises(ValueError, match="saved in"):  # a loaded State is saved there
+            await StoreIO(_Scratch(), io.mode).save(loaded)
         loaded.add_user_message("one more")
         assert await io.save(loaded) is True
         again = await io.load("review-pr-42")
@@ -420,5 +437,7 @@ class StoreConformance:
         with pytest.raises(ValueError, match="same"):
             await io.save(second)
         assert (await io.load("same")).task == "first"
-        # Nothing of the refused State counts as saved: it can still go to a fresh id.
-        assert second._saved_snapshot is None
+        # Nothing of the refused State counts as saved: another store takes it as new.
+        scratch = _Scratch()
+        assert await StoreIO(scratch, io.mode).save(second) is True
+        assert scratch.writes == [("same", [0], True)]
