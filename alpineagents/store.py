@@ -20,6 +20,7 @@ import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from importlib import import_module
 from importlib.metadata import entry_points
 from types import TracebackType
 from typing import Any, Self
@@ -261,7 +262,14 @@ class Store:
 
 ENTRY_POINT_GROUP = "alpineagents.stores"
 
-# Schemes whose store lives in an optional extra: how to install it.
+# Stores that come with alpineagents, by scheme, as "module:class": imported when a URL
+# names them, so this module does not import its own subclasses.
+_BUILTIN_SCHEMES: dict[str, str] = {
+    "": "alpineagents.filestore:FileStore",
+    "file": "alpineagents.filestore:FileStore",
+}
+
+# Schemes whose store is a distribution of its own: how to install it.
 _KNOWN_SCHEMES: dict[str, str] = {"s3": "pip install 'alpineagents[s3]'"}
 
 
@@ -273,10 +281,12 @@ def open_store(url: str, **options: Any) -> Store:
     scheme must have a ``from_url(url, **options)`` class method.
     """
     scheme = urlsplit(url).scheme
-    if scheme in ("", "file"):
-        from alpineagents.filestore import FileStore
-
-        return FileStore(url.removeprefix("file://"), **options)
+    builtin = _BUILTIN_SCHEMES.get(scheme)
+    if builtin is not None:
+        module, name = builtin.split(":")
+        store_class = getattr(import_module(module), name)
+        built: Store = store_class(url.removeprefix("file://"), **options)
+        return built
     found = entry_points(group=ENTRY_POINT_GROUP, name=scheme)
     if not found:
         hint = _KNOWN_SCHEMES.get(scheme)
