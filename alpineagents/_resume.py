@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from alpineagents import _builtin_tools as builtin_tools
 from alpineagents.state import (
     MODEL,
     NOTICE,
@@ -31,9 +32,6 @@ UNKNOWN_RESULT: Final = (
     "run. Check whether it took effect before relying on it or running it again)"
 )
 
-# Built-in calls have no side effects: a loaded State handles them again instead.
-BUILTIN_TOOLS: Final = frozenset({"finish", "ask"})
-
 _REPLAYABLE: Final = frozenset({TASK, USER, MODEL, TOOL_RESULT, NOTICE})
 
 
@@ -49,7 +47,7 @@ def continue_loaded(state: State, covered: int) -> None:
         # The reply was saved, the stop was not: the run had ended with that reply.
         state._stop("reply", live[-1].text)
     for call in state.open_calls():
-        if call["name"] not in BUILTIN_TOOLS:
+        if call["name"] not in builtin_tools.NAMES:  # those are handled again
             state.append(
                 TOOL_RESULT,
                 UNKNOWN_RESULT,
@@ -66,7 +64,7 @@ def missing_steps_notice(skipped: list[HistoryEntry]) -> str:
         if entry.kind != MODEL:
             continue
         for call in tool_calls(entry):
-            if call["name"] in BUILTIN_TOOLS:
+            if call["name"] in builtin_tools.NAMES:
                 continue
             text = f"{call['name']}({json.dumps(call.get('input', {}), ensure_ascii=False)})"
             result = results.get(call["id"])

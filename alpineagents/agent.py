@@ -27,9 +27,9 @@ from typing import Any, Final, Literal
 
 import pydantic
 
+from alpineagents import _builtin_tools as builtin_tools
 from alpineagents import _saving
 from alpineagents._context import build_messages
-from alpineagents._resume import BUILTIN_TOOLS
 from alpineagents.anthropic import AnthropicModel
 from alpineagents.errors import AlpineAgentsError, ResumeWarning
 from alpineagents.model import Model, ModelRequest, ModelResponse
@@ -40,7 +40,6 @@ from alpineagents.state import (
     USER,
     HistoryEntry,
     State,
-    StoppedBy,
     ends_turn,
 )
 from alpineagents.store import Store, open_store
@@ -105,9 +104,10 @@ class Agent:
         self.max_steps = max_steps
         self.max_tokens = max_tokens
         self.compact_at = compact_at
-        self._definitions = [t.definition() for t in self.tools.values()] + _builtins(
-            self._answer.json_schema()
-        )
+        self._definitions = [
+            *(t.definition() for t in self.tools.values()),
+            *builtin_tools.definitions(self._answer.json_schema()),
+        ]
         self._fingerprint = {
             "model": self.model.name,
             "system": _digest(system),
@@ -378,13 +378,13 @@ class Agent:
         )
         runnable = []
         for call in state.open_calls():
-            if call["name"] in BUILTIN_TOOLS:
+            if call["name"] in builtin_tools.NAMES:
                 continue
             tool = self.tools.get(call["name"])
             if truncated:
                 self._record_result(state, call, ToolOutcome(TRUNCATED_CALL, True))
             elif tool is None:
-                known = ", ".join([*self.tools, *sorted(BUILTIN_TOOLS)])
+                known = ", ".join([*self.tools, *sorted(builtin_tools.NAMES)])
                 text = f"There is no tool named {call['name']!r}. The tools are: {known}."
                 self._record_result(state, call, ToolOutcome(text, True))
             else:
@@ -418,36 +418,22 @@ class Agent:
 
     def _handle_builtins(self, state: State) -> None:
         """``finish`` with a valid answer stops the run; otherwise ``ask`` stops it."""
-        calls = [c for c in state.open_calls() if c["name"] in BUILTIN_TOOLS]
-        stop: tuple[StoppedBy, Any, tuple[Any, Any] | None] | None = None
-        for call in (c for c in calls if c["name"] == "finish"):
-            if stop is not None:
-                self._record_result(state, call, ToolOutcome("(ignored: the run already finished)"))
-                continue
-            try:
-                answer = self._validate_answer(call["input"])
-            except (pydantic.ValidationError, KeyError, TypeError) as e:
-                text = f"The answer is not valid: {e}. Call finish again with a valid answer."
-                self._record_result(state, call, ToolOutcome(text, True, e))
-                continue
-            self._record_result(state, call, ToolOutcome("Answer accepted."))
-            stop = ("finish", answer, (answer, self._answer.dump_python(answer, mode="json")))
-        finished = stop is not None
-        asks = [c for c in calls if c["name"] == "ask"]
-        for call in asks[1:] if not finished else asks:
-            text = (
-                "(not asked: the run finished)"
-                if finished
-                else "(not asked: one question at a time)"
-            )
-            self._record_result(state, call, ToolOutcome(text))
-        if not finished and asks:
-            question = asks[0]["input"].get("question", "")
-            stop = ("ask", str(question), None)
-        elif stop is None and state.stopped_by is not None:
-            stop = (state.stopped_by, state.answer, state._answer_json)
-        if stop is not None:
-            state._stop(*stop)  # after the results of the ignored calls
+        calls = [c for c in state.open_calls() if c["name"] in builtin_tools.NAMES]
+        settled = builtin_tools.settle(
+            calls, self._accept_answer, (pydantic.ValidationError, KeyError, TypeError)
+        )
+        for result in settled.results:
+            outcome = ToolOutcome(result.text, result.is_error, result.error)
+            self._record_result(state, result.call, outcome)
+        if settled.stopped_by is not None:
+            # After the results of the ignored calls.
+            state._stop(settled.stopped_by, settled.answer, settled.answer_json)
+        elif state.stopped_by is not None:
+            state._stop(state.stopped_by, state.answer, state._answer_json)
+
+    def _accept_answer(self, tool_input: dict[str, Any]) -> tuple[Any, Any]:
+        answer = self._validate_answer(tool_input)
+        return answer, self._answer.dump_python(answer, mode="json")
 
     def _validate_answer(self, tool_input: dict[str, Any]) -> Any:
         raw = tool_input["answer"]
@@ -521,7 +507,7 @@ class Agent:
 
     def _close_calls(self, state: State, error: BaseException) -> None:
         for call in state.open_calls():
-            if call["name"] not in BUILTIN_TOOLS:
+            if call["name"] not in builtin_tools.NAMES:
                 text = f"(aborted: {type(error).__name__})"
                 self._record_result(state, call, ToolOutcome(text, True))
 
@@ -558,36 +544,6 @@ def _check_state(state: object) -> None:
 
 def _note_failed_save(error: BaseException, save_error: Exception) -> None:
     error.add_note(f"saving the state also failed: {type(save_error).__name__}: {save_error}")
-
-
-def _builtins(answer_schema: dict[str, Any]) -> list[dict[str, Any]]:
-    defs = answer_schema.pop("$defs", None)
-    finish: dict[str, Any] = {
-        "type": "object",
-        "properties": {"answer": answer_schema},
-        "required": ["answer"],
-    }
-    if defs:
-        finish["$defs"] = defs
-    return [
-        {
-            "name": "finish",
-            "description": "Call this when the task is done, with the final answer.",
-            "input_schema": finish,
-        },
-        {
-            "name": "ask",
-            "description": (
-                "Ask the person a question and wait for the answer. Use it only when you "
-                "cannot go on without them."
-            ),
-            "input_schema": {
-                "type": "object",
-                "properties": {"question": {"type": "string"}},
-                "required": ["question"],
-            },
-        },
-    ]
 
 
 def _digest(text: str) -> str:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
+from alpineagents._builtin_tools import ASK
+
 __all__ = [
     "HistoryEntry",
     "SaveRecord",
@@ -255,10 +257,10 @@ class State:
 
     def pending_ask(self) -> str | None:
         """The id of the ``ask`` call waiting for the person's answer, if any."""
-        if self.stopped_by != "ask":
+        if self.stopped_by != ASK:
             return None
         for call in self.open_calls():
-            if call["name"] == "ask":
+            if call["name"] == ASK:
                 return str(call["id"])
         return None
 
