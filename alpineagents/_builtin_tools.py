@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from alpineagents.history import ToolCall
+
 __all__ = ["ASK", "FINISH", "NAMES", "Settled", "definitions", "settle"]
 
 FINISH: Final = "finish"
@@ -58,7 +60,7 @@ def definitions(answer_schema: dict[str, Any]) -> list[dict[str, Any]]:
 class Result:
     """The result one built-in call gets."""
 
-    call: dict[str, Any]
+    call: ToolCall
     text: str
     is_error: bool = False
     error: BaseException | None = None
@@ -79,7 +81,7 @@ class Settled:
 
 
 def settle(
-    calls: Sequence[dict[str, Any]],
+    calls: Sequence[ToolCall],
     accept: Callable[[dict[str, Any]], tuple[Any, Any]],
     invalid: tuple[type[BaseException], ...],
 ) -> Settled:

@@ -15,6 +15,7 @@ import json
 from typing import Final
 
 from alpineagents import _builtin_tools as builtin_tools
+from alpineagents.history import NoticeData, ToolResultData
 from alpineagents.state import (
     MODEL,
     NOTICE,
@@ -41,7 +42,8 @@ def continue_loaded(state: State, covered: int) -> None:
     stop = next((e.seq for e in history[covered:] if e.kind not in _REPLAYABLE), None)
     if stop is not None:
         skipped = history[stop:]
-        state.append(NOTICE, missing_steps_notice(skipped), {"skipped": [stop, len(history)]})
+        notice = NoticeData((stop, len(history))).to_data()
+        state.append(NOTICE, missing_steps_notice(skipped), notice)
     live = state.live_entries()
     if live and ends_turn(live[-1]) and not state._unchanged_since_stop():
         # The reply was saved, the stop was not: the run had ended with that reply.
@@ -51,14 +53,14 @@ def continue_loaded(state: State, covered: int) -> None:
             state.append(
                 TOOL_RESULT,
                 UNKNOWN_RESULT,
-                {"call_id": call["id"], "name": call["name"], "is_error": False, "unknown": True},
+                ToolResultData(call["id"], call["name"], unknown=True).to_data(),
             )
 
 
 def missing_steps_notice(skipped: list[HistoryEntry]) -> str:
     """The notice for entries that were saved but cannot be replayed."""
     first = skipped[0]
-    results = {e.data.get("call_id"): e for e in skipped if e.kind == TOOL_RESULT}
+    results = {e.as_tool_result().call_id: e for e in skipped if e.kind == TOOL_RESULT}
     uncertain, ran = [], []
     for entry in skipped:
         if entry.kind != MODEL:

@@ -32,16 +32,20 @@ from alpineagents import _saving
 from alpineagents._context import build_messages
 from alpineagents.anthropic import AnthropicModel
 from alpineagents.errors import AlpineAgentsError, ResumeWarning
-from alpineagents.model import Model, ModelRequest, ModelResponse
-from alpineagents.state import (
+from alpineagents.history import (
     COMPACTION,
     MODEL,
     TOOL_RESULT,
     USER,
+    CompactionData,
     HistoryEntry,
-    State,
+    ModelData,
+    ToolCall,
+    ToolResultData,
     ends_turn,
 )
+from alpineagents.model import Model, ModelRequest, ModelResponse
+from alpineagents.state import State
 from alpineagents.store import Store, open_store
 from alpineagents.tools import Tool, ToolOutcome, as_tools
 
@@ -250,7 +254,7 @@ class Agent:
             yield "save"
             entry: HistoryEntry = yield "think"
             steps += 1
-            reason = entry.data.get("stop_reason")
+            reason = entry.as_model().stop_reason
             if ends_turn(entry):
                 if reason in ("max_tokens", "refusal"):
                     logger.warning("State %s: the model stopped with %s", state.id, reason)
@@ -311,12 +315,12 @@ class Agent:
         return state.append(
             MODEL,
             response.text,
-            {
-                "content": response.content,
-                "stop_reason": response.stop_reason,
-                "usage": response.usage,
-                "model": response.model or self.model.name,
-            },
+            ModelData(
+                response.content,
+                response.stop_reason,
+                response.usage,
+                response.model or self.model.name,
+            ).to_data(),
         )
 
     # use_tools -------------------------------------------------------------------------
@@ -333,7 +337,7 @@ class Agent:
             self._save_result(state)
         elif runnable:
             # Daemon threads: a process told to stop (SIGTERM, Ctrl+C) does not wait for them.
-            done: queue.SimpleQueue[tuple[dict[str, Any], ToolOutcome | BaseException]]
+            done: queue.SimpleQueue[tuple[ToolCall, ToolOutcome | BaseException]]
             done = queue.SimpleQueue()
             for call, tool in runnable:
                 threading.Thread(
@@ -369,10 +373,10 @@ class Agent:
                 task.cancel()
         self._handle_builtins(state)
 
-    def _prepare_calls(self, state: State) -> list[tuple[dict[str, Any], Tool]]:
+    def _prepare_calls(self, state: State) -> list[tuple[ToolCall, Tool]]:
         """Record results that need no run (unknown tool, cut-off call); return the rest."""
         last = state.last_model_entry()
-        truncated = last is not None and last.data.get("stop_reason") in (
+        truncated = last is not None and last.as_model().stop_reason in (
             "max_tokens",
             "model_context_window_exceeded",
         )
@@ -391,11 +395,11 @@ class Agent:
                 runnable.append((call, tool))
         return runnable
 
-    def _record_result(self, state: State, call: dict[str, Any], outcome: ToolOutcome) -> None:
+    def _record_result(self, state: State, call: ToolCall, outcome: ToolOutcome) -> None:
         state.append(
             TOOL_RESULT,
             outcome.text,
-            {"call_id": call["id"], "name": call["name"], "is_error": outcome.is_error},
+            ToolResultData(call["id"], call["name"], outcome.is_error).to_data(),
             error=outcome.error,
         )
 
@@ -462,8 +466,7 @@ class Agent:
         last = state.last_model_entry()
         if last is None or self._compacted_last(state, last):
             return False
-        usage: dict[str, int] = last.data.get("usage", {})
-        return sum(usage.values()) >= self.compact_at
+        return sum(last.as_model().usage.values()) >= self.compact_at
 
     def _compacted_last(self, state: State, entry: HistoryEntry) -> bool:
         """Whether a compaction in the conversation follows ``entry``."""
@@ -474,7 +477,7 @@ class Agent:
         covers = live[-1].seq
         # The person's latest messages stay as they are, after the summary.
         for entry in reversed(live):
-            if entry.kind != USER or "answers" in entry.data:
+            if entry.kind != USER or entry.as_user().answers is not None:
                 break
             covers = entry.seq - 1
         messages = build_messages(state)
@@ -500,7 +503,7 @@ class Agent:
         return state.append(
             COMPACTION,
             response.text,
-            {"covers": covers, "usage": response.usage, "model": response.model},
+            CompactionData(covers, response.usage, response.model).to_data(),
         )
 
     # Ending ----------------------------------------------------------------------------
@@ -519,8 +522,8 @@ class Agent:
 
 def _call_into(
     tool: Tool,
-    call: dict[str, Any],
-    done: queue.SimpleQueue[tuple[dict[str, Any], ToolOutcome | BaseException]],
+    call: ToolCall,
+    done: queue.SimpleQueue[tuple[ToolCall, ToolOutcome | BaseException]],
 ) -> None:
     try:
         done.put((call, tool.call(call["input"])))
@@ -528,7 +531,7 @@ def _call_into(
         done.put((call, e))
 
 
-async def _acall_into(tool: Tool, call: dict[str, Any]) -> ToolOutcome | BaseException:
+async def _acall_into(tool: Tool, call: ToolCall) -> ToolOutcome | BaseException:
     # asyncio lets SystemExit and KeyboardInterrupt escape a task straight out of the loop;
     # caught here, they reach the run's own task and end the run as they do under `run`.
     try:

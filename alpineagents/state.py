@@ -10,12 +10,29 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
 
 from alpineagents._builtin_tools import ASK
+from alpineagents.history import COMPACTION as COMPACTION
+from alpineagents.history import CONTINUING_STOP_REASONS as CONTINUING_STOP_REASONS
+from alpineagents.history import KINDS as KINDS
+from alpineagents.history import MODEL as MODEL
+from alpineagents.history import NOTICE as NOTICE
+from alpineagents.history import TASK as TASK
+from alpineagents.history import TOOL_RESULT as TOOL_RESULT
+from alpineagents.history import USER as USER
+from alpineagents.history import EntryKind as EntryKind
+from alpineagents.history import HistoryEntry as HistoryEntry
+from alpineagents.history import ToolCall as ToolCall
+from alpineagents.history import UserData
+from alpineagents.history import ends_turn as ends_turn
+from alpineagents.history import tool_calls as tool_calls
+from alpineagents.history import utcnow as utcnow
 
+# The history vocabulary above (kinds, HistoryEntry, tool_calls, …) stays importable from
+# here, as before; alpineagents.history defines it.
 __all__ = [
     "HistoryEntry",
     "SaveRecord",
@@ -25,18 +42,6 @@ __all__ = [
 ]
 
 StoppedBy = Literal["reply", "finish", "ask", "max_steps"]
-
-# Kinds of history entry.
-TASK: Final = "task"  # the task the State was created with (always seq 0)
-USER: Final = "user"  # a message from the person (data["answers"]: the ask call it answers)
-MODEL: Final = "model"  # one model response (data["content"]: blocks, data["stop_reason"], …)
-TOOL_RESULT: Final = "tool_result"  # one tool call's result (data["call_id"], "name", "is_error")
-COMPACTION: Final = "compaction"  # older context replaced by a summary (text: the summary)
-NOTICE: Final = "notice"  # something the model must be told (data["skipped"]: seqs left out)
-
-KINDS: Final = frozenset({TASK, USER, MODEL, TOOL_RESULT, COMPACTION, NOTICE})
-# Responses that need another request to finish the turn: no stop, even without tool calls.
-CONTINUING_STOP_REASONS: Final = frozenset({"pause_turn", "model_context_window_exceeded"})
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -53,34 +58,6 @@ def validate_id(state_id: object) -> str:
             "1 to 128 characters"
         )
     return state_id
-
-
-def utcnow() -> datetime:
-    """The current time, timezone-aware, in UTC."""
-    return datetime.now(UTC)
-
-
-@dataclass(eq=True)
-class HistoryEntry:
-    """One step of a run, in the order it happened.
-
-    Attributes:
-        seq: The entry's position in ``State.history`` (0, 1, 2, …).
-        kind: What the entry records: ``"task"``, ``"user"``, ``"model"``, ``"tool_result"``,
-            ``"compaction"`` or ``"notice"``.
-        text: The entry as text: the message, the model's reply, the tool result, the summary.
-        data: Kind-specific JSON data (the model's content blocks, a tool call's id, …).
-        error: The exception behind an error result while in memory; ``None`` after loading
-            (``text`` still holds the exception type and message).
-        at: When the entry was made (UTC).
-    """
-
-    seq: int
-    kind: str
-    text: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
-    error: BaseException | None = field(default=None, compare=False, repr=False)
-    at: datetime = field(default_factory=utcnow)
 
 
 @dataclass
@@ -192,7 +169,7 @@ class State:
 
     def append(
         self,
-        kind: str,
+        kind: EntryKind,
         text: str = "",
         data: dict[str, Any] | None = None,
         *,
@@ -213,11 +190,7 @@ class State:
         """
         if not isinstance(text, str):
             raise TypeError(f"a user message must be a str, not {type(text).__name__}")
-        data: dict[str, Any] = {}
-        pending = self.pending_ask()
-        if pending is not None:
-            data["answers"] = pending
-        self.append(USER, text, data)
+        self.append(USER, text, UserData(self.pending_ask()).to_data())
 
     # Reading history -------------------------------------------------------------------
 
@@ -229,9 +202,8 @@ class State:
         """
         skipped: set[int] = set()
         for entry in self.history:
-            if entry.kind == NOTICE and "skipped" in entry.data:
-                start, end = entry.data["skipped"]
-                skipped.update(range(start, end))
+            if entry.kind == NOTICE and (notice := entry.as_notice()).skipped is not None:
+                skipped.update(range(*notice.skipped))
         if not skipped:
             return self.history
         return [e for e in self.history if e.seq not in skipped]
@@ -243,13 +215,13 @@ class State:
                 return entry
         return None
 
-    def open_calls(self) -> list[dict[str, Any]]:
+    def open_calls(self) -> list[ToolCall]:
         """Tool calls of the last model response that have no result in history yet."""
         last = self.last_model_entry()
         if last is None:
             return []
         answered = {
-            e.data.get("call_id") if e.kind == TOOL_RESULT else e.data.get("answers")
+            e.as_tool_result().call_id if e.kind == TOOL_RESULT else e.as_user().answers
             for e in self.live_entries()
             if e.seq > last.seq and e.kind in (TOOL_RESULT, USER)
         }
@@ -263,20 +235,6 @@ class State:
             if call["name"] == ASK:
                 return str(call["id"])
         return None
-
-
-def tool_calls(entry: HistoryEntry) -> list[dict[str, Any]]:
-    """The tool calls of a model entry: dicts with ``id``, ``name`` and ``input``."""
-    return [b for b in entry.data.get("content", ()) if b.get("type") == "tool_call"]
-
-
-def ends_turn(entry: HistoryEntry) -> bool:
-    """Whether a model entry is a reply that ends the run: no tool calls, and done."""
-    return (
-        entry.kind == MODEL
-        and not tool_calls(entry)
-        and entry.data.get("stop_reason") not in CONTINUING_STOP_REASONS
-    )
 
 
 def _short(text: str, limit: int = 40) -> str:

@@ -25,7 +25,8 @@ from typing import Any, ClassVar
 import pytest
 
 from alpineagents._serialize import entry_to_dict, snapshot_of
-from alpineagents.state import MODEL, TOOL_RESULT, State
+from alpineagents.history import MODEL, TOOL_RESULT
+from alpineagents.state import State
 from alpineagents.store import Record, SavedState, Store
 
 __all__ = ["StoreConformance", "StoreIO"]
