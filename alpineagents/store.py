@@ -28,27 +28,24 @@ from urllib.parse import urlsplit
 
 from alpineagents import _saving
 from alpineagents._resume import continue_loaded
-from alpineagents._serialize import (
-    SCHEMA_VERSION,
-    check_stored,
-    dumps,
-    loads,
-    same_snapshot,
-)
+from alpineagents._serialize import SCHEMA_VERSION as SCHEMA_VERSION
+from alpineagents._serialize import check_stored as check_stored
 from alpineagents.errors import CorruptStateError, StateNotFoundError
 from alpineagents.state import State, validate_id
 
 __all__ = [
-    "SCHEMA_VERSION",
     "Record",
     "SavedState",
     "Store",
-    "check_stored",
-    "dumps",
-    "loads",
     "open_store",
-    "same_snapshot",
 ]
+
+# Not part of the Store contract: the serialiser's helpers stay importable from here only
+# while this repository's S3 plugin still imports them from this module (it is moving to its
+# own copies); new code must not use them.
+from alpineagents._serialize import dumps as dumps  # noqa: E402
+from alpineagents._serialize import loads as loads  # noqa: E402
+from alpineagents._serialize import same_snapshot as same_snapshot  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -270,7 +267,10 @@ _BUILTIN_SCHEMES: dict[str, str] = {
 }
 
 # Schemes whose store is a distribution of its own: how to install it.
-_KNOWN_SCHEMES: dict[str, str] = {"s3": "pip install 'alpineagents[s3]'"}
+_KNOWN_SCHEMES: dict[str, str] = {
+    "s3": "pip install alpineagents-s3 (from a checkout of this repository: "
+    "pip install ./packaging/alpineagents-s3)"
+}
 
 
 def open_store(url: str, **options: Any) -> Store:
