@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,49 +14,20 @@ from pydantic import BaseModel
 from typing_extensions import TypedDict
 
 from alpineagents import Agent, FileStore, ResumeWarning, State, Store
+from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.model import ModelRequest, ModelResponse
-from alpineagents.state import TOOL_RESULT
 from alpineagents.testing import FunctionModel, TestModel, call
-from tests.memory_store import AsyncMemoryStore, MemoryStore
-
-
-def script(*replies: Any) -> FunctionModel:
-    """A model that gives these replies in order."""
-    queue = list(replies)
-
-    def respond(request: ModelRequest) -> Any:
-        if not queue:
-            raise AssertionError("the model was asked more often than scripted")
-        reply = queue.pop(0)
-        return reply(request) if callable(reply) else reply
-
-    return FunctionModel(respond)
-
-
-def results(state: State) -> list[tuple[str, str, bool]]:
-    return [
-        (e.data["name"], e.text, e.data["is_error"]) for e in state.history if e.kind == TOOL_RESULT
-    ]
-
-
-class RecordingStore(MemoryStore):
-    """Records every write as (seqs of entries, snapshot written?, create)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[tuple[list[int], bool, bool]] = []
-
-    def write(
-        self,
-        state_id: str,
-        entries: Sequence[dict[str, Any]],
-        snapshot: dict[str, Any] | None,
-        *,
-        create: bool = False,
-    ) -> None:
-        super().write(state_id, entries, snapshot, create=create)
-        self.writes.append(([e["seq"] for e in entries], snapshot is not None, create))
-
+from tests.helpers import (
+    AsyncMemoryStore,
+    FailingStore,
+    MemoryStore,
+    Mode,
+    RecordingStore,
+    disk_full,
+    results,
+    run,
+    script,
+)
 
 # How a run stops ----------------------------------------------------------------------------
 
@@ -441,24 +411,6 @@ async def test_sync_store_works_under_arun(tmp_path: Path) -> None:
 # If saving fails ----------------------------------------------------------------------------
 
 
-class FailingStore(MemoryStore):
-    """Fails writes while ``failing`` is set, with the given exception."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failing: BaseException | None = None
-        self.fail_when: Any = lambda entries, snapshot: True
-
-    def write(self, state_id, entries, snapshot, *, create=False):  # type: ignore[no-untyped-def]
-        if self.failing is not None and self.fail_when(entries, snapshot):
-            raise self.failing
-        super().write(state_id, entries, snapshot, create=create)
-
-
-def disk_full() -> OSError:
-    return OSError(28, "No space left on device")
-
-
 def test_a_failed_save_in_a_good_run_raises_the_store_exception() -> None:
     store = FailingStore()
     state = State("x", id="s")
@@ -510,8 +462,7 @@ def rate_limited_model() -> Any:
     )
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_the_original_exception_wins_with_the_failed_save_as_a_note(mode: str) -> None:
+async def test_the_original_exception_wins_with_the_failed_save_as_a_note(mode: Mode) -> None:
     import anthropic
 
     store = FailingStore()
@@ -524,10 +475,7 @@ def test_the_original_exception_wins_with_the_failed_save_as_a_note(mode: str) -
         snapshot is not None and "attempts" in snapshot["data"]
     )
     try:
-        if mode == "sync":
-            agent.run(state)
-        else:
-            asyncio.run(agent.arun(state))
+        await run(mode, agent, state)
     except anthropic.RateLimitError as e:  # `except RateLimitError:` still catches it
         caught = e
     assert caught.__notes__ == [
@@ -574,8 +522,7 @@ async def test_cancellation_while_saving_is_raised_instead_of_the_original() -> 
     assert isinstance(caught.value.__context__, ConnectionError)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_failed_tool_result_save_does_not_stop_the_other_tools(mode: str) -> None:
+async def test_a_failed_tool_result_save_does_not_stop_the_other_tools(mode: Mode) -> None:
     ran: list[int] = []
 
     def work(n: int) -> str:
@@ -591,10 +538,7 @@ def test_a_failed_tool_result_save_does_not_stop_the_other_tools(mode: str) -> N
         store=store,
     )
     state = State("x", id="s")
-    if mode == "sync":
-        agent.run(state)
-    else:
-        asyncio.run(agent.arun(state))
+    await run(mode, agent, state)
     assert sorted(ran) == [1, 2, 3]
     # The first result's own save failed; the end-of-use_tools save wrote what was missing.
     loaded = store.load("s")
@@ -718,3 +662,55 @@ def test_store_by_url(tmp_path: Path) -> None:
     agent = Agent(script("x"), store=str(tmp_path / "runs"))
     assert isinstance(agent.store, FileStore)
     assert isinstance(agent.store, Store)
+
+
+def test_finish_with_ask_in_one_response_stays_stopped() -> None:
+    model = script(
+        [
+            call("finish", answer="done"),
+            call("ask", question="why?"),
+            call("finish", answer="again"),
+        ]
+    )
+    agent = Agent(model)
+    state = State("t")
+    assert agent.run(state) == "done"
+    assert agent.run(state) == "done"
+    assert len(model.requests) == 1
+    assert [e.text for e in state.history if e.kind == TOOL_RESULT] == [
+        "Answer accepted.",
+        "(ignored: the run already finished)",
+        "(not asked: the run finished)",
+    ]
+
+
+def test_ctrl_c_during_a_save_still_closes_the_calls_and_saves() -> None:
+    class InterruptedOnce(MemoryStore):
+        interrupted = False
+
+        def write(self, state_id, entries, snapshot, *, create=False):  # type: ignore[no-untyped-def]
+            if not self.interrupted and any(e["kind"] == MODEL for e in entries):
+                self.interrupted = True
+                raise KeyboardInterrupt  # Ctrl+C while saving the response with its calls
+            super().write(state_id, entries, snapshot, create=create)
+
+    def send_email(to: str) -> str:
+        """Send an email."""
+        raise AssertionError("never runs")
+
+    store = InterruptedOnce()
+    agent = Agent(script([call("send_email", to="a@b.c")]), tools=[send_email], store=store)
+    with pytest.raises(KeyboardInterrupt):
+        agent.run(State("t", id="ctrl-c"))
+    saved = store.load("ctrl-c")
+    assert [e.text for e in saved.history if e.kind == TOOL_RESULT] == [
+        "(aborted: KeyboardInterrupt)"
+    ]
+
+
+def test_model_function_may_be_async_under_run() -> None:
+    async def reply(request: ModelRequest) -> str:
+        await asyncio.sleep(0)
+        return "async model"
+
+    assert Agent(FunctionModel(reply)).run(State("x")) == "async model"

@@ -3,6 +3,7 @@ processes killed while writing."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -10,10 +11,11 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from alpineagents import FileStore, State, StateExistsError
+from alpineagents import FileStore, State, StateExistsError, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,6 +121,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_create_is_exclusive_between_processes(tmp_path: Path) -> None:
     import time
 
@@ -165,6 +168,7 @@ def _expected_text(n: int) -> str:
     return f"entry {n} " + "x" * (n * 997 % 20000)
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_killed_writer_never_leaves_a_half_read_entry(tmp_path: Path) -> None:
     rng = random.Random(42)
@@ -193,3 +197,22 @@ def test_killed_writer_never_leaves_a_half_read_entry(tmp_path: Path) -> None:
         assert state.data.get("last", 0) <= len(texts) - 1
         saved = len(texts)
     assert saved > 25  # the writers did write
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"v": 1}, "not an alpineagents snapshot"),
+        ({"v": 9, "task": "t", "updated_at": "2026-01-01T00:00:00+00:00"}, "schema version 9"),
+        ({"v": 1, "task": "t", "updated_at": "2026-01-01T00:00:00"}, "not an alpineagents"),
+    ],
+)
+def test_list_names_a_snapshot_it_cannot_read(
+    tmp_path: Path, content: dict[str, Any], message: str
+) -> None:
+    store = FileStore(tmp_path)
+    store.save(State("t", id="bad"))
+    (tmp_path / "bad" / "snapshot.json").write_text(json.dumps(content))
+    with pytest.raises(StoreError, match=message) as caught:
+        store.list()
+    assert "snapshot.json" in str(caught.value)

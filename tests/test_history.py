@@ -114,3 +114,8 @@ def test_the_agent_stores_each_kind_as_before(tmp_path: Path) -> None:
         ),
     ]
     assert list(stored[0]) == ["v", "seq", "kind", "text", "at", "data"]
+
+
+def test_unknown_entry_kinds_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown history entry kind 'note'"):
+        State("t").append("note", "x")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from alpineagents import (
+    Agent,
     CorruptStateError,
     FileStore,
     HistoryEntry,
@@ -19,6 +22,8 @@ from alpineagents import (
 )
 from alpineagents._serialize import check_json, entry_to_dict, snapshot_of
 from alpineagents.state import MODEL, TOOL_RESULT
+from alpineagents.testing import call
+from tests.helpers import script
 
 
 @pytest.fixture
@@ -268,3 +273,39 @@ def test_snapshot_is_small_and_does_not_grow_with_history() -> None:
     for n in range(1000):
         state.append(TOOL_RESULT, f"result {n} " * 20, {"call_id": f"c{n}"})
     assert len(json.dumps(snapshot_of(state))) <= small + 3  # only the count grows
+
+
+class Item(BaseModel):
+    name: str
+    when: dt.date
+
+
+@dataclasses.dataclass
+class Trip:
+    start: dt.date
+    stops: list[Item]
+
+
+@pytest.mark.parametrize(
+    ("output_type", "raw", "saved"),
+    [
+        (list[Item], [{"name": "a", "when": "2026-12-12"}], [{"name": "a", "when": "2026-12-12"}]),
+        (dt.date, "2026-12-12", "2026-12-12"),
+        (
+            Trip,
+            {"start": "2026-12-01", "stops": [{"name": "b", "when": "2026-12-02"}]},
+            {"start": "2026-12-01", "stops": [{"name": "b", "when": "2026-12-02"}]},
+        ),
+    ],
+)
+def test_an_accepted_typed_answer_is_always_saved(
+    tmp_path: Path, output_type: Any, raw: Any, saved: Any
+) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="typed")
+    answer = Agent(script([call("finish", answer=raw)]), output_type=output_type, store=store).run(
+        state
+    )
+    assert not isinstance(answer, dict | str) or output_type is dt.date
+    assert store.load("typed").answer == saved
+    assert Agent(script(), output_type=output_type, store=store).run(state) == answer

@@ -11,7 +11,12 @@ returns a new, empty store; every test then runs in sync and in async mode::
         def store(self):
             return MyStore(...)
 
-Set ``modes = ("async",)`` for an async-only store. The suite needs only pytest.
+The suite finds out what a store supports and skips the rest, with the reason: the sync
+tests of an async-only store (one that implements only ``awrite`` and ``aread``), and the
+tests of ``list`` or ``delete`` when the store implements neither it nor its async twin.
+Set ``concurrent_create = False`` where the backend cannot make a create exclusive (an
+emulator that checks conditions without a lock): that test is then skipped. The suite
+checks behaviour through public names only, and needs only pytest.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -29,7 +34,9 @@ from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.state import State
 from alpineagents.store import Record, SavedState, Store
 
-__all__ = ["StoreConformance", "StoreIO"]
+__all__ = ["StoreConformance", "StoreIO", "implements", "needs"]
+
+_Test = TypeVar("_Test", bound=Callable[..., Any])
 
 
 class StoreIO:
@@ -87,6 +94,23 @@ class StoreIO:
             await asyncio.to_thread(self.store.close)
 
 
+def implements(store: Store, name: str) -> bool:
+    """Whether ``store`` implements ``name`` (``"list"``, ``"delete"``, …) or its async twin."""
+    return any(
+        getattr(type(store), method) is not getattr(Store, method) for method in (name, "a" + name)
+    )
+
+
+def needs(*names: str) -> Callable[[_Test], _Test]:
+    """Mark a suite test as needing these optional store methods; skipped without them."""
+
+    def mark(test: _Test) -> _Test:
+        test.store_needs = names  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
 def scenario(
     test: Callable[..., Coroutine[Any, Any, None]],
 ) -> Callable[..., None]:
@@ -106,6 +130,7 @@ def scenario(
     run.__name__ = test.__name__
     run.__qualname__ = test.__qualname__
     run.__doc__ = test.__doc__
+    run.store_needs = getattr(test, "store_needs", ())  # type: ignore[attr-defined]
     return run
 
 
@@ -158,10 +183,11 @@ class StoreConformance:
 
     Override the ``store`` fixture. Class settings:
 
-    * ``modes``: which APIs to test (``"sync"``, ``"async"``);
+    * ``modes``: which APIs to test (``"sync"``, ``"async"``); an async-only store's sync
+      tests are skipped without it;
     * ``many_entries``: how many entries the long-history test writes;
-    * ``concurrent_create``: whether to race two creators of one id (needs a store whose
-      conditional create is atomic).
+    * ``concurrent_create``: whether to race creators of one id (``False`` skips the test,
+      for a backend whose conditional create is not atomic).
     """
 
     modes: ClassVar[tuple[str, ...]] = ("sync", "async")
@@ -179,8 +205,13 @@ class StoreConformance:
         raise NotImplementedError("override the `store` fixture in your StoreConformance class")
 
     @pytest.fixture
-    def io(self, store: Store, mode: str) -> StoreIO:
-        """The store, called in the mode under test."""
+    def io(self, store: Store, mode: str, request: pytest.FixtureRequest) -> StoreIO:
+        """The store, called in the mode under test; skips what the store does not support."""
+        if mode == "sync" and store.is_async_only:
+            pytest.skip(f"{type(store).__name__} is async-only: it has no sync API to test")
+        for name in getattr(request.function, "store_needs", ()):
+            if not implements(store, name):
+                pytest.skip(f"{type(store).__name__} implements neither {name}() nor a{name}()")
         return StoreIO(store, mode)
 
     # Reading what is not there ---------------------------------------------------------
@@ -200,6 +231,7 @@ class StoreConformance:
             await io.load("../escape")
 
     @scenario
+    @needs("list")
     async def test_list_of_empty_store(self, io: StoreIO) -> None:
         assert await io.list() == []
 
@@ -234,7 +266,7 @@ class StoreConformance:
     @scenario
     async def test_concurrent_creates_of_one_id_have_one_winner(self, io: StoreIO) -> None:
         if not self.concurrent_create:
-            return
+            pytest.skip("concurrent_create = False: this backend's create is not exclusive")
         for round_ in range(5):
             state_id = f"race-{round_}"
 
@@ -325,6 +357,7 @@ class StoreConformance:
     # Separate States -------------------------------------------------------------------
 
     @scenario
+    @needs("list", "delete")
     async def test_ids_sharing_a_prefix_are_separate_states(self, io: StoreIO) -> None:
         ids = ["a", "a-b", "ab", "a_1", "A"]
         for n, state_id in enumerate(ids):
@@ -347,6 +380,7 @@ class StoreConformance:
     # List and delete -------------------------------------------------------------------
 
     @scenario
+    @needs("list")
     async def test_list_is_newest_first_with_summaries(self, io: StoreIO) -> None:
         base = datetime(2026, 1, 1, tzinfo=UTC)
         order = ["middle", "oldest", "newest"]
@@ -369,6 +403,7 @@ class StoreConformance:
         assert listed[0] == SavedState("newest", "task of newest", times["newest"], "reply")
 
     @scenario
+    @needs("list")
     async def test_list_follows_updates(self, io: StoreIO) -> None:
         one, two = State("one", id="one"), State("two", id="two")
         await io.save(one)
@@ -378,6 +413,7 @@ class StoreConformance:
         assert [s.id for s in await io.list()] == ["one", "two"]
 
     @scenario
+    @needs("list", "delete")
     async def test_delete_removes_only_that_state(self, io: StoreIO) -> None:
         for state_id in ("keep", "drop"):
             await io.write(state_id, make_entries(0, 3), make_snapshot(state_id, 3), create=True)
