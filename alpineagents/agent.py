@@ -12,6 +12,11 @@ awaits. Save points, as the user guide lists them:
 When the run ends with an exception (Ctrl+C, ``sys.exit``, SIGTERM turned into
 ``SystemExit``, cancellation, an API error), tool calls without a result are closed with
 ``(aborted: <ExceptionType>)`` and the State is saved before the exception propagates.
+
+(Longer than this project's ~400 lines on purpose: the steps are public methods of one class,
+each with its async twin, that users override; splitting the class would scatter the save
+points listed above. What is not the loop lives elsewhere: the context in ``_context``, the
+built-in tools in ``_builtin_tools``, saving in ``Store.save``.)
 """
 
 from __future__ import annotations
