@@ -437,8 +437,8 @@ class Agent:
         if settled.stopped_by is not None:
             # After the results of the ignored calls.
             state._stop(settled.stopped_by, settled.answer, settled.answer_json)
-        elif state.stopped_by is not None:
-            state._stop(state.stopped_by, state.answer, state._answer_json)
+        else:
+            state._keep_stop()
 
     def _accept_answer(self, tool_input: dict[str, Any]) -> tuple[Any, Any]:
         answer = self._validate_answer(tool_input)

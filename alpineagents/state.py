@@ -148,6 +148,11 @@ class State:
         self._stop_seq = len(self.history)
         self._answer_json = answer_json
 
+    def _keep_stop(self) -> None:
+        """If the run is stopped, count the entries added since as part of the stop."""
+        if self.stopped_by is not None:
+            self._stop_seq = len(self.history)
+
     def _restart(self) -> None:
         """Forget the last stop: a run is about to continue the conversation."""
         self.stopped_by, self.answer, self._stop_seq = None, None, None
