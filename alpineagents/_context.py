@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alpineagents.state import COMPACTION, MODEL, NOTICE, TASK, TOOL_RESULT, USER, State
+from alpineagents.history import COMPACTION, MODEL, NOTICE, TASK, TOOL_RESULT, USER
+from alpineagents.state import State
 
 
 def summary_message(task: str, summary: str) -> str:
@@ -26,28 +27,24 @@ def build_messages(state: State) -> list[dict[str, Any]]:
     last_compaction = next((e for e in reversed(live) if e.kind == COMPACTION), None)
     turns: list[tuple[str, dict[str, Any]]] = []
     if last_compaction is not None:
-        covers = last_compaction.data["covers"]
+        covers = last_compaction.as_compaction().covers
         turns.append(("user", _text(summary_message(state.task, last_compaction.text))))
         live = [e for e in live if e.seq > covers and e.kind != COMPACTION]
     for entry in live:
         if entry.kind == TASK:
             turns.append(("user", _text(entry.text)))
         elif entry.kind == USER:
-            answers = entry.data.get("answers")
+            answers = entry.as_user().answers
             if answers is None:
                 turns.append(("user", _text(entry.text)))
             else:
                 turns.append(("user", _result(answers, entry.text, False)))
         elif entry.kind == MODEL:
-            for block in entry.data.get("content", []):
+            for block in entry.as_model().content:
                 turns.append(("assistant", block))
         elif entry.kind == TOOL_RESULT:
-            turns.append(
-                (
-                    "user",
-                    _result(entry.data["call_id"], entry.text, entry.data.get("is_error", False)),
-                )
-            )
+            result = entry.as_tool_result()
+            turns.append(("user", _result(result.call_id, entry.text, result.is_error)))
         elif entry.kind == NOTICE:
             turns.append(("user", _text(entry.text)))
         # An older compaction (replaced by a later one) adds nothing.

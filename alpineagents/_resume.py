@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from alpineagents import _builtin_tools as builtin_tools
+from alpineagents.history import NoticeData, ToolResultData
 from alpineagents.state import (
     MODEL,
     NOTICE,
@@ -31,9 +33,6 @@ UNKNOWN_RESULT: Final = (
     "run. Check whether it took effect before relying on it or running it again)"
 )
 
-# Built-in calls have no side effects: a loaded State handles them again instead.
-BUILTIN_TOOLS: Final = frozenset({"finish", "ask"})
-
 _REPLAYABLE: Final = frozenset({TASK, USER, MODEL, TOOL_RESULT, NOTICE})
 
 
@@ -43,31 +42,31 @@ def continue_loaded(state: State, covered: int) -> None:
     stop = next((e.seq for e in history[covered:] if e.kind not in _REPLAYABLE), None)
     if stop is not None:
         skipped = history[stop:]
-        state.append(NOTICE, missing_steps_notice(skipped), {"skipped": [stop, len(history)]})
+        notice = NoticeData((stop, len(history))).to_data()
+        state.append(NOTICE, missing_steps_notice(skipped), notice)
     live = state.live_entries()
-    if live and ends_turn(live[-1]) and state._stop_seq != len(history):
+    if live and ends_turn(live[-1]) and not state._unchanged_since_stop():
         # The reply was saved, the stop was not: the run had ended with that reply.
-        state.stopped_by, state.answer = "reply", live[-1].text
-        state._stop_seq = len(history)
+        state._stop("reply", live[-1].text)
     for call in state.open_calls():
-        if call["name"] not in BUILTIN_TOOLS:
+        if call["name"] not in builtin_tools.NAMES:  # those are handled again
             state.append(
                 TOOL_RESULT,
                 UNKNOWN_RESULT,
-                {"call_id": call["id"], "name": call["name"], "is_error": False, "unknown": True},
+                ToolResultData(call["id"], call["name"], unknown=True).to_data(),
             )
 
 
 def missing_steps_notice(skipped: list[HistoryEntry]) -> str:
     """The notice for entries that were saved but cannot be replayed."""
     first = skipped[0]
-    results = {e.data.get("call_id"): e for e in skipped if e.kind == TOOL_RESULT}
+    results = {e.as_tool_result().call_id: e for e in skipped if e.kind == TOOL_RESULT}
     uncertain, ran = [], []
     for entry in skipped:
         if entry.kind != MODEL:
             continue
         for call in tool_calls(entry):
-            if call["name"] in BUILTIN_TOOLS:
+            if call["name"] in builtin_tools.NAMES:
                 continue
             text = f"{call['name']}({json.dumps(call.get('input', {}), ensure_ascii=False)})"
             result = results.get(call["id"])

@@ -1,19 +1,59 @@
-"""What a save writes: only what the store lacks, and nothing when nothing changed.
+"""Saving and loading a State: the one owner of what the store has of it.
 
-``plan`` decides the write (new entries, the snapshot if it changed, whether the State is
-new); the store does the I/O; ``done`` records what the store now has. A failed write
-records nothing, so the next save sends the same entries again (stores skip seqs they have).
+A save writes only what the store lacks, and nothing when nothing changed. ``plan`` decides
+the write (new entries, the snapshot if it changed, whether the State is new); the store does
+the I/O; ``done`` records what the store now has. A failed write records nothing, so the next
+save sends the same entries again (stores skip seqs they have). ``restore`` is the mirror of
+a save: it rebuilds a State from what a store read and records that the store has all of it.
+
+Only this module reads and writes ``State._saved`` (a :class:`~alpineagents.state.SaveRecord`).
+It knows a store only as something with ``write``/``awrite`` that compares with ``==``; the
+public entry points are ``Store.save``/``asave`` and ``Store.load``/``aload``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from alpineagents._serialize import entry_to_dict, same_snapshot, snapshot_of
-from alpineagents.state import State, utcnow
-from alpineagents.store import Store
+from alpineagents._serialize import entry_to_dict, same_snapshot, snapshot_of, state_from_record
+from alpineagents.state import SaveRecord, State, utcnow
+
+__all__ = [
+    "Pending",
+    "Writer",
+    "asave",
+    "check_store",
+    "done",
+    "plan",
+    "restore",
+    "save",
+    "saved_in",
+]
+
+
+class Writer(Protocol):
+    """What saving needs of a store: its two write methods (``Store`` has both)."""
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None: ...
+
+    async def awrite(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -26,11 +66,17 @@ class Pending:
     count: int  # len(state.history) when planned
 
 
-def check_store(state: State, store: Store) -> None:
+def saved_in(state: State) -> object | None:
+    """The store ``state`` is saved in, or ``None`` if it was never saved or loaded."""
+    return state._saved.store
+
+
+def check_store(state: State, store: object) -> None:
     """Refuse to save a State in a store other than the one it is saved in."""
-    if state._store is not None and state._store != store:
+    current = state._saved.store
+    if current is not None and current != store:
         raise ValueError(
-            f"State {state.id!r} is saved in {state._store!r}, not in {store!r}: a State is "
+            f"State {state.id!r} is saved in {current!r}, not in {store!r}: a State is "
             "saved in one store; run it with an Agent on that store"
         )
 
@@ -40,31 +86,33 @@ def plan(state: State, *, entries_only: bool = False) -> Pending | None:
 
     ``entries_only`` writes new entries without the snapshot (a tool result, at once); a
     State the store does not have yet is always written whole. Raises ``TypeError`` if
-    ``state.data`` or the answer hold a value JSON cannot.
+    ``state.data`` or the answer hold a value JSON cannot, naming its path.
     """
+    saved = state._saved
     count = len(state.history)
-    entries = [entry_to_dict(e) for e in state.history[state._saved_count :]]
-    create = state._saved_snapshot is None
+    entries = [entry_to_dict(e) for e in state.history[saved.count :]]
+    create = saved.snapshot is None
     if entries_only and not create:
         return Pending(entries, None, False, count) if entries else None
     snapshot = snapshot_of(state)
-    if not create and not entries and same_snapshot(snapshot, state._saved_snapshot):
+    if not create and not entries and same_snapshot(snapshot, saved.snapshot):
         return None
     snapshot["updated_at"] = utcnow().isoformat()
     return Pending(entries, snapshot, create, count)
 
 
-def done(state: State, store: Store, pending: Pending) -> None:
+def done(state: State, store: object, pending: Pending) -> None:
     """Record that the store has what ``pending`` wrote."""
-    state._store = store
+    saved = state._saved
+    saved.store = store
     # Saves of one turn's tool results may finish out of order: never count backwards.
-    state._saved_count = max(state._saved_count, pending.count)
+    saved.count = max(saved.count, pending.count)
     if pending.snapshot is not None:
-        state._saved_snapshot = pending.snapshot
+        saved.snapshot = pending.snapshot
         state.updated_at = datetime.fromisoformat(pending.snapshot["updated_at"])
 
 
-def save(store: Store, state: State, *, entries_only: bool = False) -> bool:
+def save(store: Writer, state: State, *, entries_only: bool = False) -> bool:
     """Write what ``store`` lacks of ``state``; whether anything was written."""
     check_store(state, store)
     pending = plan(state, entries_only=entries_only)
@@ -75,7 +123,7 @@ def save(store: Store, state: State, *, entries_only: bool = False) -> bool:
     return True
 
 
-async def asave(store: Store, state: State, *, entries_only: bool = False) -> bool:
+async def asave(store: Writer, state: State, *, entries_only: bool = False) -> bool:
     """Async ``save``."""
     check_store(state, store)
     pending = plan(state, entries_only=entries_only)
@@ -84,3 +132,16 @@ async def asave(store: Store, state: State, *, entries_only: bool = False) -> bo
     await store.awrite(state.id, pending.entries, pending.snapshot, create=pending.create)
     done(state, store, pending)
     return True
+
+
+def restore(
+    store: object, state_id: str, entries: Sequence[dict[str, Any]], snapshot: Any
+) -> tuple[State, int]:
+    """Rebuild a State from what ``store`` read, recorded as saved there in full.
+
+    Returns the State and how many entries its snapshot accounts for (see
+    :func:`alpineagents._serialize.state_from_record`).
+    """
+    state, covered = state_from_record(state_id, entries, snapshot)
+    state._saved = SaveRecord(store, len(state.history), snapshot)
+    return state, covered

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -154,14 +155,15 @@ def same_snapshot(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     }
 
 
-def state_from_record(state_id: str, entries: list[dict[str, Any]], snapshot: Any) -> State:
-    """Rebuild a State from what a store read; the steps after the last save are continued.
+def state_from_record(
+    state_id: str, entries: Sequence[dict[str, Any]], snapshot: Any
+) -> tuple[State, int]:
+    """Rebuild a State from what a store read, exactly as it was saved.
 
-    Entries saved after the snapshot (a tool result saved alone) are replayed; see
-    :func:`alpineagents._resume.continue_loaded` for what happens to calls without a result.
+    Returns the State and how many history entries its snapshot accounts for; entries
+    saved after those (a tool result saved alone) are in ``history`` too. What a loaded
+    State does with them is the resume policy's business (:mod:`alpineagents._resume`).
     """
-    from alpineagents._resume import continue_loaded
-
     where = f"the snapshot of State {state_id!r}"
     if not isinstance(snapshot, dict):
         raise CorruptStateError(f"{where} is not an alpineagents snapshot")
@@ -195,19 +197,20 @@ def state_from_record(state_id: str, entries: list[dict[str, Any]], snapshot: An
             f"{_unbroken(history)} in a row from seq 0"
         )
 
-    # The State gets its own copies: `_saved_snapshot` must keep what the store has.
-    state = State(snapshot["task"], id=validate_id(state_id), data=copy.deepcopy(snapshot["data"]))
-    state.history = history
-    state.stopped_by = snapshot.get("stopped_by")
-    state._stop_seq = snapshot.get("stop_seq")
-    state.answer = copy.deepcopy(snapshot.get("answer"))
-    state.created_at = datetime.fromisoformat(snapshot["created_at"])
-    state.updated_at = datetime.fromisoformat(snapshot["updated_at"])
-    state._agent_fingerprint = snapshot.get("agent")
-    state._saved_count = len(history)
-    state._saved_snapshot = snapshot
-    continue_loaded(state, covered)
-    return state
+    # The State gets its own copies: the snapshot stays what the store has.
+    state = State._restore(
+        validate_id(state_id),
+        snapshot["task"],
+        data=copy.deepcopy(snapshot["data"]),
+        history=history,
+        stopped_by=snapshot.get("stopped_by"),
+        stop_seq=snapshot.get("stop_seq"),
+        answer=copy.deepcopy(snapshot.get("answer")),
+        agent=snapshot.get("agent"),
+        created_at=datetime.fromisoformat(snapshot["created_at"]),
+        updated_at=datetime.fromisoformat(snapshot["updated_at"]),
+    )
+    return state, covered
 
 
 def check_stored(obj: Any, where: str) -> dict[str, Any]:

@@ -12,6 +12,11 @@ awaits. Save points, as the user guide lists them:
 When the run ends with an exception (Ctrl+C, ``sys.exit``, SIGTERM turned into
 ``SystemExit``, cancellation, an API error), tool calls without a result are closed with
 ``(aborted: <ExceptionType>)`` and the State is saved before the exception propagates.
+
+(Longer than this project's ~400 lines on purpose: the steps are public methods of one class,
+each with its async twin, that users override; splitting the class would scatter the save
+points listed above. What is not the loop lives elsewhere: the context in ``_context``, the
+built-in tools in ``_builtin_tools``, saving in ``Store.save``.)
 """
 
 from __future__ import annotations
@@ -27,22 +32,25 @@ from typing import Any, Final, Literal
 
 import pydantic
 
+from alpineagents import _builtin_tools as builtin_tools
 from alpineagents import _saving
 from alpineagents._context import build_messages
-from alpineagents._resume import BUILTIN_TOOLS
 from alpineagents.anthropic import AnthropicModel
 from alpineagents.errors import AlpineAgentsError, ResumeWarning
-from alpineagents.model import Model, ModelRequest, ModelResponse
-from alpineagents.state import (
+from alpineagents.history import (
     COMPACTION,
     MODEL,
     TOOL_RESULT,
     USER,
+    CompactionData,
     HistoryEntry,
-    State,
-    StoppedBy,
+    ModelData,
+    ToolCall,
+    ToolResultData,
     ends_turn,
 )
+from alpineagents.model import Model, ModelRequest, ModelResponse
+from alpineagents.state import State
 from alpineagents.store import Store, open_store
 from alpineagents.tools import Tool, ToolOutcome, as_tools
 
@@ -105,9 +113,10 @@ class Agent:
         self.max_steps = max_steps
         self.max_tokens = max_tokens
         self.compact_at = compact_at
-        self._definitions = [t.definition() for t in self.tools.values()] + _builtins(
-            self._answer.json_schema()
-        )
+        self._definitions = [
+            *(t.definition() for t in self.tools.values()),
+            *builtin_tools.definitions(self._answer.json_schema()),
+        ]
         self._fingerprint = {
             "model": self.model.name,
             "system": _digest(system),
@@ -151,7 +160,7 @@ class Agent:
             if self.store is not None and not (op == "save" and isinstance(error, Exception)):
                 # (A save that failed is not tried again at once; one interrupted is.)
                 try:
-                    _saving.save(self.store, state)
+                    self.store.save(state)
                 except Exception as save_error:
                     _note_failed_save(error, save_error)
                 # Ctrl+C while saving propagates from here instead of the original.
@@ -179,7 +188,7 @@ class Agent:
             if self.store is not None and not (op == "save" and isinstance(error, Exception)):
                 # (A save that failed is not tried again at once; one interrupted is.)
                 try:
-                    await _saving.asave(self.store, state)
+                    await self.store.asave(state)
                 except Exception as save_error:
                     _note_failed_save(error, save_error)
             raise
@@ -189,11 +198,11 @@ class Agent:
 
         Use it for changes outside the Agent's steps, such as the person's next message.
         """
-        _saving.save(self._require_store(), state)
+        self._require_store().save(state)
 
     async def asave(self, state: State) -> None:
         """Async ``save``."""
-        await _saving.asave(self._require_store(), state)
+        await self._require_store().asave(state)
 
     def close(self) -> None:
         """Close the model's client (the store is yours to close)."""
@@ -205,7 +214,7 @@ class Agent:
 
     def _do(self, op: Op, state: State) -> Any:
         if op == "save":
-            return self.store is not None and _saving.save(self.store, state)
+            return self.store is not None and self.store.save(state)
         if op == "think":
             return self.think(state)
         if op == "use_tools":
@@ -214,7 +223,7 @@ class Agent:
 
     async def _ado(self, op: Op, state: State) -> Any:
         if op == "save":
-            return self.store is not None and await _saving.asave(self.store, state)
+            return self.store is not None and await self.store.asave(state)
         if op == "think":
             return await self.athink(state)
         if op == "use_tools":
@@ -225,11 +234,11 @@ class Agent:
 
     def _steps(self, state: State) -> Generator[Op, Any, Any]:
         self._begin(state)
-        if state.stopped_by is not None and state._stop_seq == len(state.history):
+        if state._unchanged_since_stop():
             # Stopped, and nothing added since: the same answer, without a model request.
             yield "save"
             return state.answer
-        state.stopped_by, state.answer, state._stop_seq = None, None, None
+        state._restart()
         yield "save"
         steps = 0
         force_compaction = False
@@ -245,16 +254,16 @@ class Agent:
                 force_compaction = False
             if steps >= self.max_steps:
                 logger.info("State %s stopped after %d steps (max_steps)", state.id, steps)
-                _stop(state, "max_steps", None)
+                state._stop("max_steps", None)
                 break
             yield "save"
             entry: HistoryEntry = yield "think"
             steps += 1
-            reason = entry.data.get("stop_reason")
+            reason = entry.as_model().stop_reason
             if ends_turn(entry):
                 if reason in ("max_tokens", "refusal"):
                     logger.warning("State %s: the model stopped with %s", state.id, reason)
-                _stop(state, "reply", entry.text)
+                state._stop("reply", entry.text)
                 break
             # Open calls: use_tools runs them next. A pause (a server tool paused the turn):
             # the response goes back as it is. A full context window: compact, ask again.
@@ -270,14 +279,15 @@ class Agent:
         return state.answer
 
     def _begin(self, state: State) -> None:
-        if state._store is not None and self.store is None:
+        saved_in = _saving.saved_in(state)
+        if saved_in is not None and self.store is None:
             raise ValueError(
-                f"State {state.id!r} is saved in {state._store!r}, but this Agent has no "
+                f"State {state.id!r} is saved in {saved_in!r}, but this Agent has no "
                 "store: give the Agent that store to run it"
             )
         if self.store is not None:
             _saving.check_store(state, self.store)
-        saved_by = state._agent_fingerprint
+        saved_by = state._run_by(self._fingerprint)
         if saved_by is not None and saved_by != self._fingerprint:
             warnings.warn(
                 ResumeWarning(
@@ -286,7 +296,6 @@ class Agent:
                 ),
                 stacklevel=4,
             )
-        state._agent_fingerprint = self._fingerprint
 
     # think -----------------------------------------------------------------------------
 
@@ -311,12 +320,12 @@ class Agent:
         return state.append(
             MODEL,
             response.text,
-            {
-                "content": response.content,
-                "stop_reason": response.stop_reason,
-                "usage": response.usage,
-                "model": response.model or self.model.name,
-            },
+            ModelData(
+                response.content,
+                response.stop_reason,
+                response.usage,
+                response.model or self.model.name,
+            ).to_data(),
         )
 
     # use_tools -------------------------------------------------------------------------
@@ -333,7 +342,7 @@ class Agent:
             self._save_result(state)
         elif runnable:
             # Daemon threads: a process told to stop (SIGTERM, Ctrl+C) does not wait for them.
-            done: queue.SimpleQueue[tuple[dict[str, Any], ToolOutcome | BaseException]]
+            done: queue.SimpleQueue[tuple[ToolCall, ToolOutcome | BaseException]]
             done = queue.SimpleQueue()
             for call, tool in runnable:
                 threading.Thread(
@@ -369,33 +378,33 @@ class Agent:
                 task.cancel()
         self._handle_builtins(state)
 
-    def _prepare_calls(self, state: State) -> list[tuple[dict[str, Any], Tool]]:
+    def _prepare_calls(self, state: State) -> list[tuple[ToolCall, Tool]]:
         """Record results that need no run (unknown tool, cut-off call); return the rest."""
         last = state.last_model_entry()
-        truncated = last is not None and last.data.get("stop_reason") in (
+        truncated = last is not None and last.as_model().stop_reason in (
             "max_tokens",
             "model_context_window_exceeded",
         )
         runnable = []
         for call in state.open_calls():
-            if call["name"] in BUILTIN_TOOLS:
+            if call["name"] in builtin_tools.NAMES:
                 continue
             tool = self.tools.get(call["name"])
             if truncated:
                 self._record_result(state, call, ToolOutcome(TRUNCATED_CALL, True))
             elif tool is None:
-                known = ", ".join([*self.tools, *sorted(BUILTIN_TOOLS)])
+                known = ", ".join([*self.tools, *sorted(builtin_tools.NAMES)])
                 text = f"There is no tool named {call['name']!r}. The tools are: {known}."
                 self._record_result(state, call, ToolOutcome(text, True))
             else:
                 runnable.append((call, tool))
         return runnable
 
-    def _record_result(self, state: State, call: dict[str, Any], outcome: ToolOutcome) -> None:
+    def _record_result(self, state: State, call: ToolCall, outcome: ToolOutcome) -> None:
         state.append(
             TOOL_RESULT,
             outcome.text,
-            {"call_id": call["id"], "name": call["name"], "is_error": outcome.is_error},
+            ToolResultData(call["id"], call["name"], outcome.is_error).to_data(),
             error=outcome.error,
         )
 
@@ -418,35 +427,22 @@ class Agent:
 
     def _handle_builtins(self, state: State) -> None:
         """``finish`` with a valid answer stops the run; otherwise ``ask`` stops it."""
-        calls = [c for c in state.open_calls() if c["name"] in BUILTIN_TOOLS]
-        finished = False
-        for call in (c for c in calls if c["name"] == "finish"):
-            if finished:
-                self._record_result(state, call, ToolOutcome("(ignored: the run already finished)"))
-                continue
-            try:
-                answer = self._validate_answer(call["input"])
-            except (pydantic.ValidationError, KeyError, TypeError) as e:
-                text = f"The answer is not valid: {e}. Call finish again with a valid answer."
-                self._record_result(state, call, ToolOutcome(text, True, e))
-                continue
-            self._record_result(state, call, ToolOutcome("Answer accepted."))
-            _stop(state, "finish", answer)
-            state._answer_json = (answer, self._answer.dump_python(answer, mode="json"))
-            finished = True
-        asks = [c for c in calls if c["name"] == "ask"]
-        for call in asks[1:] if not finished else asks:
-            text = (
-                "(not asked: the run finished)"
-                if finished
-                else "(not asked: one question at a time)"
-            )
-            self._record_result(state, call, ToolOutcome(text))
-        if not finished and asks:
-            question = asks[0]["input"].get("question", "")
-            _stop(state, "ask", str(question))
-        if state.stopped_by is not None:
-            state._stop_seq = len(state.history)  # after the results of the ignored calls
+        calls = [c for c in state.open_calls() if c["name"] in builtin_tools.NAMES]
+        settled = builtin_tools.settle(
+            calls, self._accept_answer, (pydantic.ValidationError, KeyError, TypeError)
+        )
+        for result in settled.results:
+            outcome = ToolOutcome(result.text, result.is_error, result.error)
+            self._record_result(state, result.call, outcome)
+        if settled.stopped_by is not None:
+            # After the results of the ignored calls.
+            state._stop(settled.stopped_by, settled.answer, settled.answer_json)
+        else:
+            state._keep_stop()
+
+    def _accept_answer(self, tool_input: dict[str, Any]) -> tuple[Any, Any]:
+        answer = self._validate_answer(tool_input)
+        return answer, self._answer.dump_python(answer, mode="json")
 
     def _validate_answer(self, tool_input: dict[str, Any]) -> Any:
         raw = tool_input["answer"]
@@ -475,8 +471,7 @@ class Agent:
         last = state.last_model_entry()
         if last is None or self._compacted_last(state, last):
             return False
-        usage: dict[str, int] = last.data.get("usage", {})
-        return sum(usage.values()) >= self.compact_at
+        return sum(last.as_model().usage.values()) >= self.compact_at
 
     def _compacted_last(self, state: State, entry: HistoryEntry) -> bool:
         """Whether a compaction in the conversation follows ``entry``."""
@@ -487,7 +482,7 @@ class Agent:
         covers = live[-1].seq
         # The person's latest messages stay as they are, after the summary.
         for entry in reversed(live):
-            if entry.kind != USER or "answers" in entry.data:
+            if entry.kind != USER or entry.as_user().answers is not None:
                 break
             covers = entry.seq - 1
         messages = build_messages(state)
@@ -513,14 +508,14 @@ class Agent:
         return state.append(
             COMPACTION,
             response.text,
-            {"covers": covers, "usage": response.usage, "model": response.model},
+            CompactionData(covers, response.usage, response.model).to_data(),
         )
 
     # Ending ----------------------------------------------------------------------------
 
     def _close_calls(self, state: State, error: BaseException) -> None:
         for call in state.open_calls():
-            if call["name"] not in BUILTIN_TOOLS:
+            if call["name"] not in builtin_tools.NAMES:
                 text = f"(aborted: {type(error).__name__})"
                 self._record_result(state, call, ToolOutcome(text, True))
 
@@ -532,8 +527,8 @@ class Agent:
 
 def _call_into(
     tool: Tool,
-    call: dict[str, Any],
-    done: queue.SimpleQueue[tuple[dict[str, Any], ToolOutcome | BaseException]],
+    call: ToolCall,
+    done: queue.SimpleQueue[tuple[ToolCall, ToolOutcome | BaseException]],
 ) -> None:
     try:
         done.put((call, tool.call(call["input"])))
@@ -541,7 +536,7 @@ def _call_into(
         done.put((call, e))
 
 
-async def _acall_into(tool: Tool, call: dict[str, Any]) -> ToolOutcome | BaseException:
+async def _acall_into(tool: Tool, call: ToolCall) -> ToolOutcome | BaseException:
     # asyncio lets SystemExit and KeyboardInterrupt escape a task straight out of the loop;
     # caught here, they reach the run's own task and end the run as they do under `run`.
     try:
@@ -555,44 +550,8 @@ def _check_state(state: object) -> None:
         raise TypeError(f"Agent.run() takes a State, not {type(state).__name__}")
 
 
-def _stop(state: State, how: StoppedBy, answer: Any) -> None:
-    state.stopped_by = how
-    state.answer = answer
-    state._stop_seq = len(state.history)
-
-
 def _note_failed_save(error: BaseException, save_error: Exception) -> None:
     error.add_note(f"saving the state also failed: {type(save_error).__name__}: {save_error}")
-
-
-def _builtins(answer_schema: dict[str, Any]) -> list[dict[str, Any]]:
-    defs = answer_schema.pop("$defs", None)
-    finish: dict[str, Any] = {
-        "type": "object",
-        "properties": {"answer": answer_schema},
-        "required": ["answer"],
-    }
-    if defs:
-        finish["$defs"] = defs
-    return [
-        {
-            "name": "finish",
-            "description": "Call this when the task is done, with the final answer.",
-            "input_schema": finish,
-        },
-        {
-            "name": "ask",
-            "description": (
-                "Ask the person a question and wait for the answer. Use it only when you "
-                "cannot go on without them."
-            ),
-            "input_schema": {
-                "type": "object",
-                "properties": {"question": {"type": "string"}},
-                "required": ["question"],
-            },
-        },
-    ]
 
 
 def _digest(text: str) -> str:

@@ -10,33 +10,38 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, Literal
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from alpineagents.store import Store
+from alpineagents._builtin_tools import ASK
+from alpineagents.history import COMPACTION as COMPACTION
+from alpineagents.history import CONTINUING_STOP_REASONS as CONTINUING_STOP_REASONS
+from alpineagents.history import KINDS as KINDS
+from alpineagents.history import MODEL as MODEL
+from alpineagents.history import NOTICE as NOTICE
+from alpineagents.history import TASK as TASK
+from alpineagents.history import TOOL_RESULT as TOOL_RESULT
+from alpineagents.history import USER as USER
+from alpineagents.history import EntryKind as EntryKind
+from alpineagents.history import HistoryEntry as HistoryEntry
+from alpineagents.history import ToolCall as ToolCall
+from alpineagents.history import UserData
+from alpineagents.history import ends_turn as ends_turn
+from alpineagents.history import tool_calls as tool_calls
+from alpineagents.history import utcnow as utcnow
 
+# The history vocabulary above (kinds, HistoryEntry, tool_calls, …) stays importable from
+# here, as before; alpineagents.history defines it.
 __all__ = [
     "HistoryEntry",
+    "SaveRecord",
     "State",
     "StoppedBy",
     "validate_id",
 ]
 
 StoppedBy = Literal["reply", "finish", "ask", "max_steps"]
-
-# Kinds of history entry.
-TASK: Final = "task"  # the task the State was created with (always seq 0)
-USER: Final = "user"  # a message from the person (data["answers"]: the ask call it answers)
-MODEL: Final = "model"  # one model response (data["content"]: blocks, data["stop_reason"], …)
-TOOL_RESULT: Final = "tool_result"  # one tool call's result (data["call_id"], "name", "is_error")
-COMPACTION: Final = "compaction"  # older context replaced by a summary (text: the summary)
-NOTICE: Final = "notice"  # something the model must be told (data["skipped"]: seqs left out)
-
-KINDS: Final = frozenset({TASK, USER, MODEL, TOOL_RESULT, COMPACTION, NOTICE})
-# Responses that need another request to finish the turn: no stop, even without tool calls.
-CONTINUING_STOP_REASONS: Final = frozenset({"pause_turn", "model_context_window_exceeded"})
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -55,32 +60,22 @@ def validate_id(state_id: object) -> str:
     return state_id
 
 
-def utcnow() -> datetime:
-    """The current time, timezone-aware, in UTC."""
-    return datetime.now(UTC)
+@dataclass
+class SaveRecord:
+    """What the store has of one State: bookkeeping that is never saved itself.
 
-
-@dataclass(eq=True)
-class HistoryEntry:
-    """One step of a run, in the order it happened.
+    Only :mod:`alpineagents._saving` reads and writes it: a save plans its write from it and
+    updates it once the store has the write; a load sets it to what was read.
 
     Attributes:
-        seq: The entry's position in ``State.history`` (0, 1, 2, …).
-        kind: What the entry records: ``"task"``, ``"user"``, ``"model"``, ``"tool_result"``,
-            ``"compaction"`` or ``"notice"``.
-        text: The entry as text: the message, the model's reply, the tool result, the summary.
-        data: Kind-specific JSON data (the model's content blocks, a tool call's id, …).
-        error: The exception behind an error result while in memory; ``None`` after loading
-            (``text`` still holds the exception type and message).
-        at: When the entry was made (UTC).
+        store: The store the State is saved in (compared with ``==``), or ``None``.
+        count: How many history entries the store has.
+        snapshot: The snapshot the store has, or ``None`` for a State never saved.
     """
 
-    seq: int
-    kind: str
-    text: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
-    error: BaseException | None = field(default=None, compare=False, repr=False)
-    at: datetime = field(default_factory=utcnow)
+    store: object | None = None
+    count: int = 0
+    snapshot: dict[str, Any] | None = None
 
 
 class State:
@@ -104,16 +99,72 @@ class State:
         self.answer: Any = None
         self.created_at: datetime = utcnow()
         self.updated_at: datetime = self.created_at
-        # How many history entries the last stop had: running again with nothing added since
-        # returns the same answer without a model request.
+        # How the last run stopped, written only by the methods below (and read by the
+        # serialiser): how many history entries the stop had, so that running again with
+        # nothing added since returns the same answer without a model request; the Agent
+        # that ran the State last; the JSON form of a typed answer, as (answer, JSON).
         self._stop_seq: int | None = None
-        # Persistence bookkeeping (never saved): where the State lives and what the store has.
-        self._store: Store | None = None
-        self._saved_count = 0
-        self._saved_snapshot: dict[str, Any] | None = None
         self._agent_fingerprint: dict[str, Any] | None = None
-        self._answer_json: tuple[Any, Any] | None = None  # (answer, its JSON form)
+        self._answer_json: tuple[Any, Any] | None = None
+        # What the store has; see SaveRecord.
+        self._saved = SaveRecord()
         self.append(TASK, task)
+
+    @classmethod
+    def _restore(
+        cls,
+        state_id: str,
+        task: str,
+        *,
+        data: dict[str, Any],
+        history: list[HistoryEntry],
+        stopped_by: StoppedBy | None,
+        stop_seq: int | None,
+        answer: Any,
+        agent: dict[str, Any] | None,
+        created_at: datetime,
+        updated_at: datetime,
+    ) -> State:
+        """A State rebuilt from saved values (the serialiser's side of loading)."""
+        state = cls(task, id=state_id, data=data)
+        state.history = history
+        state.stopped_by, state._stop_seq, state.answer = stopped_by, stop_seq, answer
+        state._agent_fingerprint = agent
+        state.created_at, state.updated_at = created_at, updated_at
+        return state
+
+    @property
+    def _saved_count(self) -> int:
+        # How many history entries the store has (read-only; kept for older callers).
+        return self._saved.count
+
+    # How the run stopped ---------------------------------------------------------------
+
+    def _stop(
+        self, how: StoppedBy, answer: Any, answer_json: tuple[Any, Any] | None = None
+    ) -> None:
+        """Record that the run stopped now, with ``answer`` (and its JSON form, if known)."""
+        self.stopped_by, self.answer = how, answer
+        self._stop_seq = len(self.history)
+        self._answer_json = answer_json
+
+    def _keep_stop(self) -> None:
+        """If the run is stopped, count the entries added since as part of the stop."""
+        if self.stopped_by is not None:
+            self._stop_seq = len(self.history)
+
+    def _restart(self) -> None:
+        """Forget the last stop: a run is about to continue the conversation."""
+        self.stopped_by, self.answer, self._stop_seq = None, None, None
+
+    def _unchanged_since_stop(self) -> bool:
+        """Whether the run stopped and nothing was added to history since."""
+        return self.stopped_by is not None and self._stop_seq == len(self.history)
+
+    def _run_by(self, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+        """Record the Agent that runs the State now; return the one that ran it before."""
+        before, self._agent_fingerprint = self._agent_fingerprint, fingerprint
+        return before
 
     def __repr__(self) -> str:
         return (
@@ -123,7 +174,7 @@ class State:
 
     def append(
         self,
-        kind: str,
+        kind: EntryKind,
         text: str = "",
         data: dict[str, Any] | None = None,
         *,
@@ -144,11 +195,7 @@ class State:
         """
         if not isinstance(text, str):
             raise TypeError(f"a user message must be a str, not {type(text).__name__}")
-        data: dict[str, Any] = {}
-        pending = self.pending_ask()
-        if pending is not None:
-            data["answers"] = pending
-        self.append(USER, text, data)
+        self.append(USER, text, UserData(self.pending_ask()).to_data())
 
     # Reading history -------------------------------------------------------------------
 
@@ -160,9 +207,8 @@ class State:
         """
         skipped: set[int] = set()
         for entry in self.history:
-            if entry.kind == NOTICE and "skipped" in entry.data:
-                start, end = entry.data["skipped"]
-                skipped.update(range(start, end))
+            if entry.kind == NOTICE and (notice := entry.as_notice()).skipped is not None:
+                skipped.update(range(*notice.skipped))
         if not skipped:
             return self.history
         return [e for e in self.history if e.seq not in skipped]
@@ -174,13 +220,13 @@ class State:
                 return entry
         return None
 
-    def open_calls(self) -> list[dict[str, Any]]:
+    def open_calls(self) -> list[ToolCall]:
         """Tool calls of the last model response that have no result in history yet."""
         last = self.last_model_entry()
         if last is None:
             return []
         answered = {
-            e.data.get("call_id") if e.kind == TOOL_RESULT else e.data.get("answers")
+            e.as_tool_result().call_id if e.kind == TOOL_RESULT else e.as_user().answers
             for e in self.live_entries()
             if e.seq > last.seq and e.kind in (TOOL_RESULT, USER)
         }
@@ -188,26 +234,12 @@ class State:
 
     def pending_ask(self) -> str | None:
         """The id of the ``ask`` call waiting for the person's answer, if any."""
-        if self.stopped_by != "ask":
+        if self.stopped_by != ASK:
             return None
         for call in self.open_calls():
-            if call["name"] == "ask":
+            if call["name"] == ASK:
                 return str(call["id"])
         return None
-
-
-def tool_calls(entry: HistoryEntry) -> list[dict[str, Any]]:
-    """The tool calls of a model entry: dicts with ``id``, ``name`` and ``input``."""
-    return [b for b in entry.data.get("content", ()) if b.get("type") == "tool_call"]
-
-
-def ends_turn(entry: HistoryEntry) -> bool:
-    """Whether a model entry is a reply that ends the run: no tool calls, and done."""
-    return (
-        entry.kind == MODEL
-        and not tool_calls(entry)
-        and entry.data.get("stop_reason") not in CONTINUING_STOP_REASONS
-    )
 
 
 def _short(text: str, limit: int = 40) -> str:

@@ -8,7 +8,9 @@ optionally ``list``, ``delete``) or their async twins (``awrite``, ``aread``, ``
 * the async methods of a sync store run the sync method on a worker thread;
 * the sync methods of an async-only store refuse with a message that says to use ``arun``.
 
-``load`` and ``aload`` are built on ``read``.
+``load`` and ``aload`` are built on ``read``, and ``save`` and ``asave`` on ``write``: a save
+writes what the store lacks of a State, a load rebuilds the State and applies the resume
+policy (what a State does with the steps that were running when its process stopped).
 """
 
 from __future__ import annotations
@@ -18,33 +20,32 @@ import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from importlib import import_module
 from importlib.metadata import entry_points
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from alpineagents._serialize import (
-    SCHEMA_VERSION,
-    check_stored,
-    dumps,
-    loads,
-    same_snapshot,
-    state_from_record,
-)
+from alpineagents import _saving
+from alpineagents._resume import continue_loaded
+from alpineagents._serialize import SCHEMA_VERSION as SCHEMA_VERSION
+from alpineagents._serialize import check_stored as check_stored
 from alpineagents.errors import CorruptStateError, StateNotFoundError
 from alpineagents.state import State, validate_id
 
 __all__ = [
-    "SCHEMA_VERSION",
     "Record",
     "SavedState",
     "Store",
-    "check_stored",
-    "dumps",
-    "loads",
     "open_store",
-    "same_snapshot",
 ]
+
+# Not part of the Store contract: the serialiser's helpers stay importable from here only
+# while this repository's S3 plugin still imports them from this module (it is moving to its
+# own copies); new code must not use them.
+from alpineagents._serialize import dumps as dumps  # noqa: E402
+from alpineagents._serialize import loads as loads  # noqa: E402
+from alpineagents._serialize import same_snapshot as same_snapshot  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -172,10 +173,15 @@ class Store:
         """Async ``close``; by default the sync method."""
         self.close()
 
-    # Built on read ---------------------------------------------------------------------
+    # Built on read and write ---------------------------------------------------------
 
     def load(self, state_id: str) -> State:
-        """Rebuild a saved State, ready to run again. ``KeyError`` if the id is unknown."""
+        """Rebuild a saved State, ready to run again. ``KeyError`` if the id is unknown.
+
+        Steps that were running when the State's process stopped are settled as the user
+        guide says: a tool call without a saved result gets the "(unknown: …)" result, and
+        saved steps that cannot be replayed leave the context with a notice.
+        """
         validate_id(state_id)
         return self._loaded(state_id, self.read(state_id))
 
@@ -184,11 +190,24 @@ class Store:
         validate_id(state_id)
         return self._loaded(state_id, await self.aread(state_id))
 
+    def save(self, state: State) -> bool:
+        """Write everything of ``state`` this store does not have yet; whether anything was.
+
+        Nothing is written when nothing changed. Raises ``ValueError`` for a State saved in
+        another store, or for a new State whose id this store already has, and ``TypeError``
+        naming the path of a value in ``state.data`` (or the answer) that JSON cannot hold.
+        """
+        return _saving.save(self, state)
+
+    async def asave(self, state: State) -> bool:
+        """Async ``save``."""
+        return await _saving.asave(self, state)
+
     def _loaded(self, state_id: str, record: Record | None) -> State:
         if record is None:
             raise StateNotFoundError(f"no saved State with id {state_id!r} in {self!r}")
-        state = state_from_record(state_id, list(record.entries), record.snapshot)
-        state._store = self
+        state, covered = _saving.restore(self, state_id, list(record.entries), record.snapshot)
+        continue_loaded(state, covered)
         return state
 
     # Sync/async defaults ---------------------------------------------------------------
@@ -240,8 +259,18 @@ class Store:
 
 ENTRY_POINT_GROUP = "alpineagents.stores"
 
-# Schemes whose store lives in an optional extra: how to install it.
-_KNOWN_SCHEMES: dict[str, str] = {"s3": "pip install 'alpineagents[s3]'"}
+# Stores that come with alpineagents, by scheme, as "module:class": imported when a URL
+# names them, so this module does not import its own subclasses.
+_BUILTIN_SCHEMES: dict[str, str] = {
+    "": "alpineagents.filestore:FileStore",
+    "file": "alpineagents.filestore:FileStore",
+}
+
+# Schemes whose store is a distribution of its own: how to install it.
+_KNOWN_SCHEMES: dict[str, str] = {
+    "s3": "pip install alpineagents-s3 (from a checkout of this repository: "
+    "pip install ./packaging/alpineagents-s3)"
+}
 
 
 def open_store(url: str, **options: Any) -> Store:
@@ -252,10 +281,12 @@ def open_store(url: str, **options: Any) -> Store:
     scheme must have a ``from_url(url, **options)`` class method.
     """
     scheme = urlsplit(url).scheme
-    if scheme in ("", "file"):
-        from alpineagents.filestore import FileStore
-
-        return FileStore(url.removeprefix("file://"), **options)
+    builtin = _BUILTIN_SCHEMES.get(scheme)
+    if builtin is not None:
+        module, name = builtin.split(":")
+        store_class = getattr(import_module(module), name)
+        built: Store = store_class(url.removeprefix("file://"), **options)
+        return built
     found = entry_points(group=ENTRY_POINT_GROUP, name=scheme)
     if not found:
         hint = _KNOWN_SCHEMES.get(scheme)

@@ -17,9 +17,11 @@ from typing import Any, Final
 import pydantic
 import pydantic_core
 
+from alpineagents import _builtin_tools as builtin_tools
+
 __all__ = ["Tool", "ToolOutcome", "as_tools", "error_text"]
 
-RESERVED_NAMES: Final = frozenset({"finish", "ask"})
+RESERVED_NAMES: Final = builtin_tools.NAMES
 
 
 @dataclass(frozen=True)

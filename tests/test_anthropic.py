@@ -12,6 +12,7 @@ import httpx2
 import pytest
 
 from alpineagents import Agent, AnthropicModel, State
+from tests.helpers import Mode, run
 from tests.loopback_anthropic import loopback, message, text, tool_use
 
 Handler = Callable[[dict[str, Any]], httpx2.Response]
@@ -55,15 +56,14 @@ def lookup(city: str) -> str:
 THINKING = {"type": "thinking", "thinking": "Let me look.", "signature": "sig-1"}
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_run_through_the_sdk(mode: str) -> None:
+async def test_a_run_through_the_sdk(mode: Mode) -> None:
     api = Recorder(
         message(THINKING, text("Checking."), tool_use("toolu_1", "lookup", city="Oslo")),
         message(text("It is sunny in Oslo.")),
     )
     agent = Agent(api.model(), system="Be brief.", tools=[lookup])
     state = State("Weather in Oslo?")
-    answer = agent.run(state) if mode == "sync" else asyncio.run(agent.arun(state))
+    answer = await run(mode, agent, state)
     assert answer == "It is sunny in Oslo."
 
     first, second = api.bodies
@@ -201,3 +201,29 @@ def test_standard_environment_variables_reach_the_sdk(monkeypatch: pytest.Monkey
 def test_model_object_is_made_from_the_id() -> None:
     agent = Agent("claude-opus-5")
     assert isinstance(agent.model, AnthropicModel) and agent.model.name == "claude-opus-5"
+
+
+def test_async_clients_are_closed_when_each_event_loop_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from alpineagents import AnthropicModel
+    from tests.loopback_anthropic import loopback, message, text
+
+    with loopback(lambda body: message(text("hi"))) as api:
+        for key, value in api.env().items():
+            monkeypatch.setenv(key, value)
+        model = AnthropicModel("claude-sonnet-5")
+        agent = Agent(model)
+        clients = []
+        for _ in range(3):  # a serverless handler: asyncio.run per event
+
+            async def handle() -> None:
+                await agent.arun(State("x"))
+                clients.append(await model._async())
+
+            asyncio.run(handle())
+        assert len({id(c) for c in clients}) == 3
+        assert all(c.is_closed() for c in clients)
+        assert agent.run(State("sync")) == "hi"
+        agent.close()
+        assert model._client is None

@@ -3,6 +3,7 @@ processes killed while writing."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -10,10 +11,11 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from alpineagents import FileStore, State, StateExistsError, _saving
+from alpineagents import FileStore, State, StateExistsError, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,9 +32,9 @@ def test_files_are_0600_and_folders_0700_whatever_the_umask(tmp_path: Path, umas
     try:
         store = FileStore(tmp_path / "runs")
         state = State("secret task", id="s")
-        _saving.save(store, state)
+        store.save(state)
         state.add_user_message("more")
-        _saving.save(store, state)
+        store.save(state)
     finally:
         os.umask(old)
     modes = _modes(tmp_path / "runs")
@@ -42,7 +44,7 @@ def test_files_are_0600_and_folders_0700_whatever_the_umask(tmp_path: Path, umas
 def test_layout_is_a_folder_per_state(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     for state_id in ("one", "two"):
-        _saving.save(store, State("t", id=state_id))
+        store.save(State("t", id=state_id))
     assert sorted(os.listdir(tmp_path)) == ["one", "two"]
     assert sorted(os.listdir(tmp_path / "one")) == ["entries.jsonl", "snapshot.json"]
 
@@ -51,14 +53,14 @@ def test_torn_last_entry_is_dropped_and_cut_before_the_next_append(tmp_path: Pat
     store = FileStore(tmp_path)
     state = State("t", id="torn")
     state.add_user_message("whole")
-    _saving.save(store, state)
+    store.save(state)
     entries = tmp_path / "torn" / "entries.jsonl"
     with entries.open("ab") as f:
         f.write(b'{"v":1,"seq":2,"kind":"user","text":"half wri')  # a killed append
     loaded = store.load("torn")
     assert [e.text for e in loaded.history] == ["t", "whole"]
     loaded.add_user_message("after")
-    _saving.save(store, loaded)
+    store.save(loaded)
     assert [e.text for e in store.load("torn").history] == ["t", "whole", "after"]
     assert b"half wri" not in entries.read_bytes()
 
@@ -67,7 +69,7 @@ def test_a_damaged_line_in_the_middle_is_an_error_naming_the_file(tmp_path: Path
     store = FileStore(tmp_path)
     state = State("t", id="bad")
     state.add_user_message("x")
-    _saving.save(store, state)
+    store.save(state)
     entries = tmp_path / "bad" / "entries.jsonl"
     lines = entries.read_bytes().split(b"\n")
     entries.write_bytes(b"\n".join([b"garbage", *lines[1:]]))
@@ -77,16 +79,16 @@ def test_a_damaged_line_in_the_middle_is_an_error_naming_the_file(tmp_path: Path
 
 def test_a_refused_create_leaves_nothing_behind(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
-    _saving.save(store, State("first", id="x"))
+    store.save(State("first", id="x"))
     with pytest.raises(StateExistsError, match=r"store\.load\('x'\)"):
-        _saving.save(store, State("second", id="x"))
+        store.save(State("second", id="x"))
     assert os.listdir(tmp_path) == ["x"]
     assert store.load("x").task == "first"
 
 
 def test_list_skips_states_being_created_or_deleted(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
-    _saving.save(store, State("t", id="real"))
+    store.save(State("t", id="real"))
     (tmp_path / ".half.abc.new").mkdir()
     (tmp_path / "stray-file").write_text("not a state")
     assert [s.id for s in store.list()] == ["real"]
@@ -96,7 +98,7 @@ def test_fsync_mode_writes_the_same(tmp_path: Path) -> None:
     store = FileStore(tmp_path, fsync=True)
     state = State("t", id="durable")
     state.add_user_message("m")
-    _saving.save(store, state)
+    store.save(state)
     assert [e.text for e in FileStore(tmp_path).load("durable").history] == ["t", "m"]
 
 
@@ -105,14 +107,13 @@ def test_fsync_mode_writes_the_same(tmp_path: Path) -> None:
 CREATOR = """
 import sys, time
 from alpineagents import FileStore, State
-from alpineagents import _saving
 store = FileStore(sys.argv[1])
 state = State(f"writer {sys.argv[2]}", id="contested")
 start = float(sys.argv[3])
 while time.time() < start:
     pass
 try:
-    _saving.save(store, state)
+    store.save(state)
 except ValueError:
     print("refused")
 else:
@@ -120,6 +121,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_create_is_exclusive_between_processes(tmp_path: Path) -> None:
     import time
 
@@ -152,7 +154,7 @@ try:
     state = store.load("k")
 except KeyError:
     state = State("killed writer", id="k")
-    _saving.save(store, state)
+    store.save(state)
 print("ready", len(state.history), flush=True)
 while True:
     n = len(state.history)
@@ -166,6 +168,7 @@ def _expected_text(n: int) -> str:
     return f"entry {n} " + "x" * (n * 997 % 20000)
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_killed_writer_never_leaves_a_half_read_entry(tmp_path: Path) -> None:
     rng = random.Random(42)
@@ -194,3 +197,22 @@ def test_killed_writer_never_leaves_a_half_read_entry(tmp_path: Path) -> None:
         assert state.data.get("last", 0) <= len(texts) - 1
         saved = len(texts)
     assert saved > 25  # the writers did write
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"v": 1}, "not an alpineagents snapshot"),
+        ({"v": 9, "task": "t", "updated_at": "2026-01-01T00:00:00+00:00"}, "schema version 9"),
+        ({"v": 1, "task": "t", "updated_at": "2026-01-01T00:00:00"}, "not an alpineagents"),
+    ],
+)
+def test_list_names_a_snapshot_it_cannot_read(
+    tmp_path: Path, content: dict[str, Any], message: str
+) -> None:
+    store = FileStore(tmp_path)
+    store.save(State("t", id="bad"))
+    (tmp_path / "bad" / "snapshot.json").write_text(json.dumps(content))
+    with pytest.raises(StoreError, match=message) as caught:
+        store.list()
+    assert "snapshot.json" in str(caught.value)

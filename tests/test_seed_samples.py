@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from alpineagents import FileStore
+from tests.helpers import stored_kinds
 from tests.loopback_anthropic import loopback, message, text
 from tests.scripts.harness import (
     SCRIPTS,
@@ -31,12 +32,8 @@ from tests.scripts.harness import (
     wait_until,
 )
 
-
-def stored_kinds(store: FileStore, state_id: str) -> list[str]:
-    """The kinds of the entries the store holds, before any loading adds to them."""
-    record = store.read(state_id)
-    assert record is not None
-    return [e["kind"] for e in sorted(record.entries, key=lambda e: e["seq"])]
+# Every test here runs the samples in child processes.
+pytestmark = pytest.mark.slow
 
 
 # Stop cleanly on SIGTERM -----------------------------------------------------------------

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from alpineagents import (
+    Agent,
     CorruptStateError,
     FileStore,
     HistoryEntry,
@@ -19,6 +22,8 @@ from alpineagents import (
 )
 from alpineagents._serialize import check_json, entry_to_dict, snapshot_of
 from alpineagents.state import MODEL, TOOL_RESULT
+from alpineagents.testing import call
+from tests.helpers import script
 
 
 @pytest.fixture
@@ -86,23 +91,23 @@ def test_non_json_data_is_a_type_error_naming_the_path(
 ) -> None:
     state = State("t", data=data)
     with pytest.raises(TypeError) as caught:
-        _saving.save(store, state)
+        store.save(state)
     assert path in str(caught.value)
     assert store.read(state.id) is None  # nothing was written
 
 
 def test_bad_data_later_keeps_what_was_saved(store: FileStore) -> None:
     state = State("t", data={"ok": 1})
-    _saving.save(store, state)
+    store.save(state)
     state.add_user_message("next")
     state.data["bad"] = {1, 2}
     with pytest.raises(TypeError, match=r"state\.data\['bad'\]"):
-        _saving.save(store, state)
+        store.save(state)
     loaded = store.load(state.id)
     assert loaded.data == {"ok": 1} and len(loaded.history) == 1
     # Fixing the data saves everything that was waiting, the message included.
     state.data["bad"] = [1, 2]
-    assert _saving.save(store, state) is True
+    assert store.save(state) is True
     assert [e.text for e in store.load(state.id).history] == ["t", "next"]
 
 
@@ -139,7 +144,7 @@ def test_after_loading_table(store: FileStore) -> None:
         TOOL_RESULT, "ValueError: bad input", {"call_id": "c1", "is_error": True}, error=failure
     )
     state.answer = Report(title="x", score=0.5)
-    _saving.save(store, state)
+    store.save(state)
     loaded = store.load("table")
     # state.data: tuples come back as lists.
     assert loaded.data == {"pair": [1, 2], "nested": {"l": [[3]]}}
@@ -151,7 +156,7 @@ def test_after_loading_table(store: FileStore) -> None:
     assert loaded.history[1].text == "ValueError: bad input"
     # Dataclasses come back as dicts too.
     state.answer = Point(1, (2, 3))
-    _saving.save(store, state)
+    store.save(state)
     assert store.load("table").answer == {"x": 1, "y": [2, 3]}
 
 
@@ -159,7 +164,7 @@ def test_non_json_answer_is_a_type_error(store: FileStore) -> None:
     state = State("t")
     state.answer = {"at": object()}
     with pytest.raises(TypeError, match=r"state\.answer\['at'\]"):
-        _saving.save(store, state)
+        store.save(state)
 
 
 def test_entries_are_plain_json_of_our_own() -> None:
@@ -185,15 +190,15 @@ class CountingStore(FileStore):
 def test_a_save_writes_only_what_the_store_lacks(tmp_path: Path) -> None:
     store = CountingStore(tmp_path)
     state = State("t")
-    assert _saving.save(store, state) is True
-    assert _saving.save(store, state) is False  # nothing changed: nothing written
+    assert store.save(state) is True
+    assert store.save(state) is False  # nothing changed: nothing written
     state.add_user_message("a")
     state.add_user_message("b")
-    _saving.save(store, state)
+    store.save(state)
     state.data["k"] = 1  # a change outside history: the snapshot alone
-    _saving.save(store, state)
+    store.save(state)
     state.append(TOOL_RESULT, "r", {"call_id": "c"})
-    _saving.save(store, state, entries_only=True)
+    _saving.save(store, state, entries_only=True)  # a tool result, saved alone
     assert store.writes == [
         ([0], True, True),
         ([1, 2], True, False),
@@ -205,7 +210,7 @@ def test_a_save_writes_only_what_the_store_lacks(tmp_path: Path) -> None:
 def test_a_failed_write_is_sent_again(tmp_path: Path) -> None:
     store = CountingStore(tmp_path)
     state = State("t")
-    _saving.save(store, state)
+    store.save(state)
     state.add_user_message("a")
     original = FileStore.write
 
@@ -215,11 +220,11 @@ def test_a_failed_write_is_sent_again(tmp_path: Path) -> None:
     FileStore.write = failing  # type: ignore[method-assign]
     try:
         with pytest.raises(OSError, match="No space left"):
-            _saving.save(store, state)
+            store.save(state)
     finally:
         FileStore.write = original  # type: ignore[method-assign]
     assert state.history[-1].text == "a"  # nothing is lost from the State
-    _saving.save(store, state)
+    store.save(state)
     assert store.writes[-1] == ([1], True, False)
     assert [e.text for e in store.load(state.id).history] == ["t", "a"]
 
@@ -235,28 +240,28 @@ def _rewrite_snapshot(store: FileStore, state_id: str, **changes: object) -> Non
 
 
 def test_snapshot_from_a_newer_schema_is_refused(store: FileStore) -> None:
-    _saving.save(store, State("t", id="future"))
+    store.save(State("t", id="future"))
     _rewrite_snapshot(store, "future", v=2)
     with pytest.raises(SchemaVersionError, match=r"schema version 2.*upgrade alpineagents"):
         store.load("future")
 
 
 def test_foreign_snapshot_is_refused(store: FileStore) -> None:
-    _saving.save(store, State("t", id="mine"))
+    store.save(State("t", id="mine"))
     (store.path / "mine" / "snapshot.json").write_text('{"hello": "world"}')
     with pytest.raises(CorruptStateError, match="no schema version"):
         store.load("mine")
 
 
 def test_snapshot_of_another_state_is_refused(store: FileStore) -> None:
-    _saving.save(store, State("t", id="mine"))
+    store.save(State("t", id="mine"))
     _rewrite_snapshot(store, "mine", id="theirs")
     with pytest.raises(CorruptStateError, match="belongs to State 'theirs'"):
         store.load("mine")
 
 
 def test_snapshot_naming_missing_entries_is_refused(store: FileStore) -> None:
-    _saving.save(store, State("t", id="mine"))
+    store.save(State("t", id="mine"))
     _rewrite_snapshot(store, "mine", entries=5)
     with pytest.raises(CorruptStateError, match="accounts for 5 history entries"):
         store.load("mine")
@@ -268,3 +273,39 @@ def test_snapshot_is_small_and_does_not_grow_with_history() -> None:
     for n in range(1000):
         state.append(TOOL_RESULT, f"result {n} " * 20, {"call_id": f"c{n}"})
     assert len(json.dumps(snapshot_of(state))) <= small + 3  # only the count grows
+
+
+class Item(BaseModel):
+    name: str
+    when: dt.date
+
+
+@dataclasses.dataclass
+class Trip:
+    start: dt.date
+    stops: list[Item]
+
+
+@pytest.mark.parametrize(
+    ("output_type", "raw", "saved"),
+    [
+        (list[Item], [{"name": "a", "when": "2026-12-12"}], [{"name": "a", "when": "2026-12-12"}]),
+        (dt.date, "2026-12-12", "2026-12-12"),
+        (
+            Trip,
+            {"start": "2026-12-01", "stops": [{"name": "b", "when": "2026-12-02"}]},
+            {"start": "2026-12-01", "stops": [{"name": "b", "when": "2026-12-02"}]},
+        ),
+    ],
+)
+def test_an_accepted_typed_answer_is_always_saved(
+    tmp_path: Path, output_type: Any, raw: Any, saved: Any
+) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="typed")
+    answer = Agent(script([call("finish", answer=raw)]), output_type=output_type, store=store).run(
+        state
+    )
+    assert not isinstance(answer, dict | str) or output_type is dt.date
+    assert store.load("typed").answer == saved
+    assert Agent(script(), output_type=output_type, store=store).run(state) == answer

@@ -9,7 +9,7 @@ import pytest
 
 from alpineagents import FileStore, State, Store
 from alpineagents.testing import StoreConformance
-from tests.memory_store import AsyncMemoryStore, MemoryStore
+from tests.helpers import AsyncMemoryStore, MemoryStore
 
 
 class TestFileStore(StoreConformance):
@@ -25,8 +25,7 @@ class TestMemoryStore(StoreConformance):
 
 
 class TestAsyncOnlyMemoryStore(StoreConformance):
-    modes = ("async",)
-
+    # No `modes` setting: the suite sees the store is async-only and skips the sync tests.
     @pytest.fixture
     def store(self) -> Store:
         return AsyncMemoryStore()
@@ -98,7 +97,7 @@ def test_suite_fails_on_a_store_that_breaks_the_contract(
 import pytest
 from alpineagents.store import Record
 from alpineagents.testing import StoreConformance
-from tests.memory_store import MemoryStore
+from tests.helpers import MemoryStore
 
 class Broken(MemoryStore):
 {body}
@@ -118,15 +117,72 @@ class TestBroken(StoreConformance):
     assert outcomes.get("passed", 0) > 0
 
 
-def test_saving_a_state_in_a_second_store_is_refused(tmp_path: Path) -> None:
-    from alpineagents import _saving
+def test_suite_skips_what_a_store_does_not_support(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_partial="""
+import pytest
+from alpineagents import Store
+from alpineagents.testing import StoreConformance
+from tests.helpers import MemoryStore
 
+class ReadWriteOnly(Store):  # no list, no delete
+    def __init__(self):
+        self._inner = MemoryStore()
+
+    def write(self, state_id, entries, snapshot, *, create=False):
+        self._inner.write(state_id, entries, snapshot, create=create)
+
+    def read(self, state_id):
+        return self._inner.read(state_id)
+
+class AsyncOnly(Store):
+    def __init__(self):
+        self._inner = MemoryStore()
+
+    async def awrite(self, state_id, entries, snapshot, *, create=False):
+        self._inner.write(state_id, entries, snapshot, create=create)
+
+    async def aread(self, state_id):
+        return self._inner.read(state_id)
+
+class TestReadWriteOnly(StoreConformance):
+    many_entries = 20
+    concurrent_create = False
+
+    @pytest.fixture
+    def store(self):
+        return ReadWriteOnly()
+
+class TestAsyncOnly(StoreConformance):
+    many_entries = 20
+
+    @pytest.fixture
+    def store(self):
+        return AsyncOnly()
+"""
+    )
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q", "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert "ReadWriteOnly implements neither list() nor alist()" in out
+    assert "concurrent_create = False" in out
+    assert "AsyncOnly is async-only: it has no sync API to test" in out
+    # ReadWriteOnly: the 5 list/delete tests and the race, in both modes. AsyncOnly: every
+    # sync test, and the 5 list/delete tests in async mode.
+    suite = len([name for name in dir(StoreConformance) if name.startswith("test_")])
+    assert outcomes["skipped"] == (5 + 1) * 2 + suite + 5, out
+    assert outcomes["passed"] == (suite - 6) * 2 + (suite - 5), out
+
+
+def test_saving_a_state_in_a_second_store_is_refused(tmp_path: Path) -> None:
     state = State("task")
-    _saving.save(FileStore(tmp_path / "a"), state)
+    FileStore(tmp_path / "a").save(state)
     with pytest.raises(ValueError, match="saved in FileStore"):
-        _saving.save(FileStore(tmp_path / "b"), state)
+        FileStore(tmp_path / "b").save(state)
     # Two FileStore objects for the same folder are the same store.
     state.add_user_message("more")
-    assert _saving.save(FileStore(tmp_path / "a"), state) is True
+    assert FileStore(tmp_path / "a").save(state) is True
     assert FileStore(tmp_path / "a") == FileStore(str(tmp_path / "x" / ".." / "a"))
     assert hash(FileStore(tmp_path / "a")) == hash(FileStore(tmp_path / "a"))

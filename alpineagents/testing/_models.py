@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from alpineagents._builtin_tools import FINISH, NAMES
 from alpineagents.model import Model, ModelRequest, ModelResponse
 
 __all__ = ["FunctionModel", "TestModel", "call"]
@@ -101,15 +102,15 @@ class TestModel(Model):
             for block in message["content"]
         )
         if not called:
-            user_tools = [t for n, t in tools.items() if n not in ("finish", "ask")]
+            user_tools = [t for n, t in tools.items() if n not in NAMES]
             if user_tools:
                 return as_response(
                     [call(t["name"], **example(t["input_schema"])) for t in user_tools], self.name
                 )
-        if "finish" in tools:
-            schema = tools["finish"]["input_schema"]
+        if FINISH in tools:
+            schema = tools[FINISH]["input_schema"]
             answer = self.answer if self.answer is not None else example(schema)["answer"]
-            return as_response([call("finish", answer=answer)], self.name)
+            return as_response([call(FINISH, answer=answer)], self.name)
         return as_response("done", self.name)
 
 

@@ -1,0 +1,259 @@
+"""History entries: one record per step of a run, tagged by ``kind``.
+
+An entry keeps its kind-specific values in ``data``, a dict of JSON, exactly as stores keep
+it. Each kind's shape is a small frozen dataclass here; read an entry through it
+(``entry.as_model().stop_reason``) instead of ``entry.data.get(...)``, and write one with
+``Shape(...).to_data()``, which gives the dict every store has kept so far.
+
+* ``task`` (no data): the task the State was created with (always seq 0);
+* ``user`` (:class:`UserData`): a message from the person, maybe the answer to ``ask``;
+* ``model`` (:class:`ModelData`): one model response: content blocks, stop reason, usage;
+* ``tool_result`` (:class:`ToolResultData`): one tool call's result (``text`` holds it);
+* ``compaction`` (:class:`CompactionData`): older context replaced by a summary (``text``);
+* ``notice`` (:class:`NoticeData`): something the model must be told, e.g. skipped steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, TypedDict, get_args
+
+__all__ = [
+    "COMPACTION",
+    "CONTINUING_STOP_REASONS",
+    "KINDS",
+    "MODEL",
+    "NOTICE",
+    "TASK",
+    "TOOL_RESULT",
+    "USER",
+    "CompactionData",
+    "EntryKind",
+    "HistoryEntry",
+    "ModelData",
+    "NoticeData",
+    "ToolCall",
+    "ToolResultData",
+    "UserData",
+    "ends_turn",
+    "tool_calls",
+    "utcnow",
+]
+
+EntryKind = Literal["task", "user", "model", "tool_result", "compaction", "notice"]
+
+TASK: Final = "task"
+USER: Final = "user"
+MODEL: Final = "model"
+TOOL_RESULT: Final = "tool_result"
+COMPACTION: Final = "compaction"
+NOTICE: Final = "notice"
+
+KINDS: Final[frozenset[str]] = frozenset(get_args(EntryKind))
+# Responses that need another request to finish the turn: no stop, even without tool calls.
+CONTINUING_STOP_REASONS: Final = frozenset({"pause_turn", "model_context_window_exceeded"})
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware, in UTC."""
+    return datetime.now(UTC)
+
+
+class ToolCall(TypedDict):
+    """One tool call block of a model response."""
+
+    type: Literal["tool_call"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UserData:
+    """A ``user`` entry's data: ``answers`` is the id of the ``ask`` call it answers."""
+
+    answers: str | None = None
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> UserData:
+        """Read an entry's ``data``."""
+        return cls(data.get("answers"))
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data``."""
+        return {} if self.answers is None else {"answers": self.answers}
+
+
+@dataclass(frozen=True)
+class ModelData:
+    """A ``model`` entry's data.
+
+    The response's content blocks (text, tool calls, …), why it stopped, its token usage
+    and the model that wrote it.
+    """
+
+    content: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> ModelData:
+        """Read an entry's ``data``."""
+        return cls(
+            data.get("content", []),
+            data.get("stop_reason"),
+            data.get("usage", {}),
+            data.get("model"),
+        )
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data``."""
+        return {
+            "content": self.content,
+            "stop_reason": self.stop_reason,
+            "usage": self.usage,
+            "model": self.model,
+        }
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The tool call blocks of the content."""
+        return [b for b in self.content if b.get("type") == "tool_call"]  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class ToolResultData:
+    """A ``tool_result`` entry's data: which call it answers, and whether it is an error.
+
+    ``unknown`` marks the result a loaded State gives a call that was running when its
+    process stopped.
+    """
+
+    call_id: str = ""
+    name: str = ""
+    is_error: bool = False
+    unknown: bool = False
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> ToolResultData:
+        """Read an entry's ``data``."""
+        return cls(
+            data.get("call_id", ""),
+            data.get("name", ""),
+            data.get("is_error", False),
+            data.get("unknown", False),
+        )
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data``."""
+        data: dict[str, Any] = {
+            "call_id": self.call_id,
+            "name": self.name,
+            "is_error": self.is_error,
+        }
+        if self.unknown:
+            data["unknown"] = True
+        return data
+
+
+@dataclass(frozen=True)
+class CompactionData:
+    """A ``compaction`` entry's data: the last seq the summary covers, usage and model."""
+
+    covers: int
+    usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> CompactionData:
+        """Read an entry's ``data``."""
+        return cls(data["covers"], data.get("usage", {}), data.get("model"))
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data``."""
+        return {"covers": self.covers, "usage": self.usage, "model": self.model}
+
+
+@dataclass(frozen=True)
+class NoticeData:
+    """A ``notice`` entry's data.
+
+    ``skipped`` is the range of seqs ``[start, end)`` the notice leaves out of the model's
+    context, if any.
+    """
+
+    skipped: tuple[int, int] | None = None
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> NoticeData:
+        """Read an entry's ``data``."""
+        skipped = data.get("skipped")
+        return cls(None if skipped is None else (skipped[0], skipped[1]))
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data``."""
+        return {} if self.skipped is None else {"skipped": list(self.skipped)}
+
+
+@dataclass(eq=True)
+class HistoryEntry:
+    """One step of a run, in the order it happened.
+
+    Attributes:
+        seq: The entry's position in ``State.history`` (0, 1, 2, …).
+        kind: What the entry records: ``"task"``, ``"user"``, ``"model"``, ``"tool_result"``,
+            ``"compaction"`` or ``"notice"``.
+        text: The entry as text: the message, the model's reply, the tool result, the summary.
+        data: Kind-specific JSON data (the model's content blocks, a tool call's id, …); the
+            ``as_…`` methods read it as the kind's shape.
+        error: The exception behind an error result while in memory; ``None`` after loading
+            (``text`` still holds the exception type and message).
+        at: When the entry was made (UTC).
+    """
+
+    seq: int
+    kind: EntryKind
+    text: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = field(default=None, compare=False, repr=False)
+    at: datetime = field(default_factory=utcnow)
+
+    def as_user(self) -> UserData:
+        """A ``user`` entry's data; ``ValueError`` for another kind."""
+        return UserData.from_data(self._data_of(USER))
+
+    def as_model(self) -> ModelData:
+        """A ``model`` entry's data; ``ValueError`` for another kind."""
+        return ModelData.from_data(self._data_of(MODEL))
+
+    def as_tool_result(self) -> ToolResultData:
+        """A ``tool_result`` entry's data; ``ValueError`` for another kind."""
+        return ToolResultData.from_data(self._data_of(TOOL_RESULT))
+
+    def as_compaction(self) -> CompactionData:
+        """A ``compaction`` entry's data; ``ValueError`` for another kind."""
+        return CompactionData.from_data(self._data_of(COMPACTION))
+
+    def as_notice(self) -> NoticeData:
+        """A ``notice`` entry's data; ``ValueError`` for another kind."""
+        return NoticeData.from_data(self._data_of(NOTICE))
+
+    def _data_of(self, kind: EntryKind) -> dict[str, Any]:
+        if self.kind != kind:
+            raise ValueError(f"history entry {self.seq} is a {self.kind!r} entry, not {kind!r}")
+        return self.data
+
+
+def tool_calls(entry: HistoryEntry) -> list[ToolCall]:
+    """The tool calls of a model entry: dicts with ``id``, ``name`` and ``input``."""
+    return entry.as_model().tool_calls if entry.kind == MODEL else []
+
+
+def ends_turn(entry: HistoryEntry) -> bool:
+    """Whether a model entry is a reply that ends the run: no tool calls, and done."""
+    if entry.kind != MODEL:
+        return False
+    response = entry.as_model()
+    return not response.tool_calls and response.stop_reason not in CONTINUING_STOP_REASONS

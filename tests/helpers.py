@@ -1,0 +1,203 @@
+"""Helpers shared by the test modules: offline scripts, small stores, and the two modes.
+
+Test modules import from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from alpineagents import Agent, FileStore, SavedState, State, Store
+from alpineagents.history import TOOL_RESULT
+from alpineagents.model import ModelRequest
+from alpineagents.store import Record
+from alpineagents.testing import FunctionModel
+
+Mode = Literal["sync", "async"]
+
+
+# Running in either mode --------------------------------------------------------------------
+
+
+async def run(mode: Mode, agent: Agent, state: State) -> Any:
+    """``agent.run(state)`` on a worker thread (it refuses a running loop), or ``arun``."""
+    if mode == "async":
+        return await agent.arun(state)
+    return await asyncio.to_thread(agent.run, state)
+
+
+# Models ------------------------------------------------------------------------------------
+
+
+def script(*replies: Any) -> FunctionModel:
+    """A model that gives these replies in order."""
+    queue = list(replies)
+
+    def respond(request: ModelRequest) -> Any:
+        if not queue:
+            raise AssertionError("the model was asked more often than scripted")
+        reply = queue.pop(0)
+        return reply(request) if callable(reply) else reply
+
+    return FunctionModel(respond)
+
+
+# Reading a State ---------------------------------------------------------------------------
+
+
+def results(state: State) -> list[tuple[str, str, bool]]:
+    """The tool results of a State as (tool name, text, is_error)."""
+    found = []
+    for entry in state.history:
+        if entry.kind == TOOL_RESULT:
+            result = entry.as_tool_result()
+            found.append((result.name, entry.text, result.is_error))
+    return found
+
+
+def kinds(state: State) -> list[str]:
+    """The kinds of a State's history entries."""
+    return [e.kind for e in state.history]
+
+
+def stored_kinds(store: Store, state_id: str) -> list[str]:
+    """The kinds of the entries the store holds, before any loading adds to them."""
+    record = store.read(state_id)
+    assert record is not None
+    return [e["kind"] for e in sorted(record.entries, key=lambda e: e["seq"])]
+
+
+def entries_beyond_snapshot(store: FileStore, state: State, *entries: dict[str, Any]) -> None:
+    """Store entries without a snapshot, as a save that stopped halfway leaves them."""
+    store.write(state.id, list(entries), None)
+
+
+# Stores ------------------------------------------------------------------------------------
+
+
+
+class MemoryStore(Store):
+    """A small in-memory store, written the way a user would."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, tuple[dict[int, dict[str, Any]], dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        with self._lock:
+            if create:
+                if state_id in self._states:
+                    raise ValueError(f"id {state_id!r} is taken")
+                assert snapshot is not None
+                self._states[state_id] = (
+                    {e["seq"]: copy.deepcopy(e) for e in entries},
+                    copy.deepcopy(snapshot),
+                )
+                return
+            if state_id not in self._states:
+                raise KeyError(state_id)
+            saved, old = self._states[state_id]
+            for entry in entries:
+                saved.setdefault(entry["seq"], copy.deepcopy(entry))
+            if snapshot is not None:
+                self._states[state_id] = (saved, copy.deepcopy(snapshot))
+
+    def read(self, state_id: str) -> Record | None:
+        with self._lock:
+            if state_id not in self._states:
+                return None
+            saved, snapshot = self._states[state_id]
+            return Record(
+                [copy.deepcopy(e) for _, e in sorted(saved.items())], copy.deepcopy(snapshot)
+            )
+
+    def list(self) -> list[SavedState]:
+        with self._lock:
+            found = [SavedState.from_snapshot(i, s) for i, (_, s) in self._states.items()]
+        return sorted(found, key=lambda s: s.updated_at, reverse=True)
+
+    def delete(self, state_id: str) -> None:
+        with self._lock:
+            del self._states[state_id]
+
+
+class AsyncMemoryStore(Store):
+    """The same store reached only asynchronously."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    async def awrite(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        self._inner.write(state_id, entries, snapshot, create=create)
+
+    async def aread(self, state_id: str) -> Record | None:
+        return self._inner.read(state_id)
+
+    async def alist(self) -> list[SavedState]:
+        return self._inner.list()
+
+    async def adelete(self, state_id: str) -> None:
+        self._inner.delete(state_id)
+
+
+class RecordingStore(MemoryStore):
+    """Records every write as (seqs of entries, snapshot written?, create)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[list[int], bool, bool]] = []
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        super().write(state_id, entries, snapshot, create=create)
+        self.writes.append(([e["seq"] for e in entries], snapshot is not None, create))
+
+
+class FailingStore(MemoryStore):
+    """Fails writes while ``failing`` is set, with the given exception."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing: BaseException | None = None
+        self.fail_when: Any = lambda entries, snapshot: True
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        if self.failing is not None and self.fail_when(entries, snapshot):
+            raise self.failing
+        super().write(state_id, entries, snapshot, create=create)
+
+
+def disk_full() -> OSError:
+    """The error of a full disk."""
+    return OSError(28, "No space left on device")
