@@ -4,7 +4,7 @@ Loaded by the child scripts of ``children/`` (by path: this folder is not a pack
 the test modules themselves. Only the PUBLIC API of whichever alpineagents is installed is used:
 
 =====================  ===================================  ==================================
-                       this repository's core (0.4.0+seed)  published 0.4.0 / 0.7.1
+                       this repository's core (0.4.1+seed)  published 0.4.0 / 0.7.1
 =====================  ===================================  ==================================
 offline model          ``alpineagents.testing.FunctionModel``  ``alpineagents.testing.FakeModel``
 tools                  plain functions                      ``@alpineagents.tool`` functions
