@@ -29,10 +29,21 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any, Final
 
+import alpineagents
 import alpineagents.store as _core_store
 from alpineagents.store import Record, Store
 
-__all__ = ["CORE_VERSION", "GENERATION", "Record", "Store", "Summary", "make_record", "summarize"]
+__all__ = [
+    "CORE_VERSION",
+    "DELETE_OF_UNKNOWN_RAISES",
+    "GENERATION",
+    "Record",
+    "Store",
+    "Summary",
+    "make_record",
+    "newest_first",
+    "summarize",
+]
 
 logger = logging.getLogger("alpineagents_s3")
 
@@ -85,17 +96,6 @@ def newest_first(summaries: list[Summary]) -> list[Summary]:
     return sorted(summaries, key=lambda s: getattr(s, "updated_at", None) or _EPOCH, reverse=True)
 
 
-def takes_none_snapshot() -> bool:
-    """Whether the contract lets ``write`` pass ``None`` for "keep the current snapshot"."""
-    return GENERATION == "snapshot"
-
-
-def raises_on_unknown_delete() -> bool:
-    """Whether ``delete`` of an unknown id raises (this repo's core) or does nothing (published).
-
-    The published contract says "does nothing if the id does not exist"; a core that defines
-    ``StateNotFoundError`` (this repository's) says ``KeyError``.
-    """
-    import alpineagents
-
-    return hasattr(alpineagents, "StateNotFoundError")
+# Whether ``delete`` of an unknown id raises: this repository's core (which defines
+# ``StateNotFoundError``) says ``KeyError``; the published contract says "does nothing".
+DELETE_OF_UNKNOWN_RAISES: Final = hasattr(alpineagents, "StateNotFoundError")

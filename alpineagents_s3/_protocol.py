@@ -468,11 +468,18 @@ class Protocol:
         gets a snapshot object whose body is ``null``, so its id is taken all the same.
         """
         validate_id(state_id)
-        entry_bodies = [dumps(e, f"history entry {e.get('seq')!r} of State {state_id!r}")
-                        for e in entries]
+        # Every body first: a value JSON cannot hold fails before any request.
+        bodies: dict[int, bytes] = {}
+        for entry in entries:
+            seq = entry.get("seq")
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                raise ValueError(f"a history entry of State {state_id!r} has the seq {seq!r}")
+            bodies[seq] = dumps(entry, f"history entry {seq} of State {state_id!r}")
         body = None if snapshot is None else dumps(snapshot, f"the snapshot of {state_id!r}")
         if create:
-            yield from self._create(state_id, entries, entry_bodies, body or b"null")
+            yield from self._create(
+                state_id, entries, [bodies[e["seq"]] for e in entries], body or b"null"
+            )
             return
         # The first seq this copy of the State has not saved yet.
         first = _first_seq(entries) if entries else None
@@ -489,9 +496,8 @@ class Protocol:
             )
         rest = entries
         if entries and version.orphans and first == version.gap:
-            version, stored = yield from self._clear_orphans(state_id, version, entries)
+            version, stored = yield from self._clear_orphans(state_id, version, bodies)
             rest = [entry for entry in entries if entry["seq"] not in stored]
-        bodies = dict(zip((e["seq"] for e in entries), entry_bodies, strict=True))
         yield from self._put_entries(
             state_id, version.generation, rest, [bodies[e["seq"]] for e in rest]
         )
@@ -543,7 +549,7 @@ class Protocol:
         return self.versions.setdefault(state_id, version)
 
     def _clear_orphans(
-        self, state_id: str, version: Version, entries: Sequence[dict[str, Any]]
+        self, state_id: str, version: Version, bodies: Mapping[int, bytes]
     ) -> Steps[tuple[Version, set[int]]]:
         """Replace or delete the orphans, before a write fills the gap below them.
 
@@ -565,17 +571,13 @@ class Protocol:
             if current is None or current.generation != version.generation or not current.orphans:
                 return cleared, set()  # cleared by a write that ran meanwhile
             orphans = dict(current.orphans)
-            ours = {entry["seq"]: entry for entry in entries if entry["seq"] in orphans}
             stale = [
                 self.entry_key(state_id, version.generation, seq)
-                for seq in sorted(orphans) if seq not in ours
+                for seq in sorted(orphans) if seq not in bodies
             ]
             puts = {
-                seq: (
-                    self.entry_key(state_id, version.generation, seq),
-                    dumps(entry, f"history entry {seq} of State {state_id!r}"),
-                )
-                for seq, entry in ours.items()
+                seq: (self.entry_key(state_id, version.generation, seq), bodies[seq])
+                for seq in orphans if seq in bodies
             }
             calls = [self._put(k, b, IfMatch=orphans[seq]) for seq, (k, b) in puts.items()]
             deletes = self._delete_calls(stale)
@@ -971,7 +973,7 @@ class Protocol:
         if snap_key not in keys:
             if keys:  # leftovers of a create that did not finish
                 yield from self._delete_keys(keys, required=False)
-            if _contract.raises_on_unknown_delete():
+            if _contract.DELETE_OF_UNKNOWN_RAISES:
                 raise self._not_found(state_id)
             return  # the published contract: "does nothing if the id does not exist"
         # The snapshot first: the State is gone at once, whole.

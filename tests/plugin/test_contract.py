@@ -26,6 +26,7 @@ import alpineagents.store
 from alpineagents_s3 import (
     BucketNotFoundError,
     ConcurrentWriteError,
+    CorruptStateError,
     S3Store,
     S3StoreError,
     StateExistsError,
@@ -37,6 +38,16 @@ CORE_VERSION = metadata.version("alpineagents")
 GENERATION = "info" if hasattr(alpineagents.store, "StateInfo") else "snapshot"
 THIS_REPO = CORE_VERSION.endswith("+seed")
 MakeStore = Callable[..., S3Store]
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+NESTED = _nested(100_000)  # deeper than json.dumps can recurse
 
 
 class IO:
@@ -173,6 +184,7 @@ def test_an_invalid_id_is_refused_before_any_request(io: IO, bad: str) -> None:
         (math.nan, "Out of range float"),
         ("caf\udce9", "lone surrogate"),
         (object(), "cannot be saved as JSON"),
+        (NESTED, "cannot be saved as JSON"),
     ],
 )
 def test_a_value_json_cannot_hold_is_refused_and_nothing_is_written(
@@ -185,6 +197,38 @@ def test_a_value_json_cannot_hold_is_refused_and_nothing_is_written(
     assert keys(s3, bucket) == []
     io.write("bad-input", entries(0, 1), small(1), create=True)  # the id is still free
     assert list(io.read("bad-input").entries) == entries(0, 1)
+
+
+def test_an_entry_without_a_whole_seq_is_refused(io: IO, s3: Any, bucket: str) -> None:
+    for bad in ({"text": "no seq"}, {"seq": "1"}, {"seq": -1}, {"seq": True}):
+        with pytest.raises(ValueError, match="has the seq"):
+            io.write("no-seq", [bad], small(1), create=True)
+    assert keys(s3, bucket) == []
+
+
+@pytest.mark.parametrize(
+    ("part", "body", "words"),
+    [
+        ("snapshot.json", b"{not json", "not valid JSON"),
+        ("snapshot.json", b"[1, 2]", "not a JSON object or null"),
+        ("0000000001.json", b"\xff\xfe", "not valid JSON"),
+        ("0000000001.json", b'"text"', "not a JSON object"),
+        ("0000000001.json", b'{"seq": 7}', "holds history entry 7, not 1"),
+        ("0000000001.json", b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+    ],
+)
+def test_a_corrupt_object_is_named_and_nothing_is_changed(
+    io: IO, s3: Any, bucket: str, part: str, body: bytes, words: str
+) -> None:
+    io.write("corrupt", entries(0, 3), small(3), create=True)
+    key = next(k for k in keys(s3, bucket, "runs/corrupt/") if k.endswith(part))
+    metadata = s3.head_object(Bucket=bucket, Key=key)["Metadata"]
+    s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata)
+    with pytest.raises(CorruptStateError, match=words) as raised:
+        io.read("corrupt")
+    assert f"s3://{bucket}/{key}" in str(raised.value)
+    assert isinstance(raised.value, ValueError)
+    assert len(keys(s3, bucket, "runs/corrupt/")) == 4  # nothing removed
 
 
 def test_a_missing_bucket_is_named(make_store: MakeStore, moto_url: str, mode: str) -> None:
