@@ -34,11 +34,12 @@ for core in $published; do
     [ -x "$env_dir/bin/python" ] || python3 -m venv "$env_dir"
     quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$core" \
         "pytest>=8.3" "pytest-asyncio>=0.25" "moto[server]>=5.1" "aioboto3>=15" "boto3>=1.40"
-    # The plugin's wheel; its dependencies are installed above, and `pip check` confirms that
-    # the published core satisfies what the plugin asks for (alpineagents>=0.2).
-    quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" --force-reinstall --no-deps "$plugin"
+    # As a user would: the plugin with its dependencies resolved next to the installed core,
+    # which must stay as it is. (-P: the checkout's alpineagents.egg-info must not answer.)
+    quiet "$env_dir/bin/python" -m pip uninstall "${pip_quiet[@]}" -y alpineagents-s3
+    quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents-s3[async] @ file://$plugin"
     "$env_dir/bin/python" -m pip check
-    have=$("$env_dir/bin/python" -c 'from importlib.metadata import version; print(version("alpineagents"))')
+    have=$("$env_dir/bin/python" -P -c 'from importlib.metadata import version; print(version("alpineagents"))')
     [ "$have" = "$core" ] || { echo "test.sh: installing the plugin changed alpineagents $core to $have" >&2; exit 1; }
     echo "test.sh: $env_dir: alpineagents $have with alpineagents-s3 from this checkout"
 done
