@@ -50,7 +50,7 @@ def dumps(obj: Mapping[str, Any] | None, what: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(
-            f"{what} cannot be saved: it holds a lone surrogate ({e.object[e.start:e.end]!r} "
+            f"{what} cannot be saved: it holds a lone surrogate ({e.object[e.start : e.end]!r} "
             f"at {e.start}), which UTF-8 cannot encode"
         ) from e
 

@@ -23,7 +23,6 @@ which every published version exports.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
@@ -45,7 +44,6 @@ __all__ = [
     "summarize",
 ]
 
-logger = logging.getLogger("alpineagents_s3")
 
 def _core_version() -> str:
     try:

@@ -278,7 +278,8 @@ class S3Store(Store):
             raise
 
     def _note_where(self, error: Exception, state_id: str) -> None:
-        if "s3://" not in str(error) and isinstance(state_id, str):
+        """Name the State's objects on an error about them (not on an unknown id)."""
+        if "s3://" not in str(error) and not isinstance(error, LookupError):
             where = self._protocol.url(self._protocol.state_prefix(state_id))
             error.add_note(f"State {state_id!r} is stored under {where}")
 

@@ -114,9 +114,7 @@ def test_later_writes_add_entries_and_replace_the_small_dict(io: IO) -> None:
     assert small_of(record) == small(5, data={"k": [1, 2]})
 
 
-def test_entries_the_store_has_are_skipped_when_sent_again(
-    io: IO, s3: Any, bucket: str
-) -> None:
+def test_entries_the_store_has_are_skipped_when_sent_again(io: IO, s3: Any, bucket: str) -> None:
     io.write("again", entries(0, 3), small(3), create=True)
     io.write("again", entries(1, 5), small(5))  # 1 and 2 again, as after a failed write
     assert list(io.read("again").entries) == entries(0, 5)
@@ -315,8 +313,9 @@ def test_a_lost_answer_of_the_stores_own_put_is_recognised(
             raise ConnectionResetError("answer lost after the PUT was applied")
 
     io = IO(
-        make_store(event_hooks={"before-call.s3.PutObject": before,
-                                "after-call.s3.PutObject": after}),
+        make_store(
+            event_hooks={"before-call.s3.PutObject": before, "after-call.s3.PutObject": after}
+        ),
         mode,
     )
     lost["left"] = 1
@@ -331,9 +330,7 @@ def test_a_lost_answer_of_the_stores_own_put_is_recognised(
     assert list(record.entries) == entries(0, 4) and small_of(record) == small(4)
 
 
-def test_orphans_of_a_killed_save_are_left_out_then_replaced(
-    io: IO, s3: Any, bucket: str
-) -> None:
+def test_orphans_of_a_killed_save_are_left_out_then_replaced(io: IO, s3: Any, bucket: str) -> None:
     io.write("orphan", entries(0, 2), small(2), create=True)
     entry_key = next(k for k in keys(s3, bucket, "runs/orphan/") if k.endswith("0000000001.json"))
     orphan_key = entry_key.replace("0000000001.json", "0000000003.json")
@@ -382,9 +379,7 @@ def _save(store: S3Store, state: Any, mode: str) -> None:
         asyncio.run(agent.asave(state))
 
 
-def test_list_gives_the_cores_own_summaries_newest_first(
-    make_store: MakeStore, mode: str
-) -> None:
+def test_list_gives_the_cores_own_summaries_newest_first(make_store: MakeStore, mode: str) -> None:
     store = make_store()
     for n in range(3):
         _save(store, _new_state(f"listed-{n}", f"task {n}"), mode)

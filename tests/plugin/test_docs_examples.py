@@ -43,7 +43,10 @@ def run(code: str, tmp_path: Path, name: str, env: dict[str, str]) -> str:
 
 def test_the_docs_have_one_example_pair_per_contract_generation() -> None:
     assert set(examples()) == {
-        "save_info.py", "resume_info.py", "save_snapshot.py", "resume_snapshot.py"
+        "save_info.py",
+        "resume_info.py",
+        "save_snapshot.py",
+        "resume_snapshot.py",
     }
 
 
