@@ -36,6 +36,17 @@ import os
 import sys
 from collections.abc import Sequence
 
+from alpineagents._cli.status import (
+    EXIT_CONFLICT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_PIPE,
+    EXIT_USAGE,
+    CommandError,
+)
+
 __all__ = [
     "EXIT_CONFLICT",
     "EXIT_FAILURE",
@@ -48,23 +59,7 @@ __all__ = [
     "main",
 ]
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_CONFLICT = 4
-EXIT_INTERRUPTED = 130
-EXIT_PIPE = 141
-
 _EPILOG = __doc__[__doc__.index("STORE, SRC") :] if __doc__ else ""
-
-
-class CommandError(Exception):
-    """An expected failure of a command: one line for the user and an exit status."""
-
-    def __init__(self, message: str, status: int = EXIT_FAILURE):
-        super().__init__(message)
-        self.status = status
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -585,11 +585,6 @@ def test_help_adds_little_to_importing_the_package() -> None:
 
 
 @needs_script
-@pytest.mark.xfail(
-    reason="alpineagents/__init__.py imports the Agent and with it the anthropic SDK (~2 s); "
-    "the fix is a lazy import there (core), after which this passes",
-    strict=True,
-)
 def test_help_starts_in_well_under_a_second() -> None:
     start = time.perf_counter()
     subprocess.run([str(SCRIPT), "--help"], capture_output=True, timeout=60, check=True)

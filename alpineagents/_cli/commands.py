@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from alpineagents._cli import render
-from alpineagents.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CommandError
+from alpineagents._cli.status import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CommandError
 from alpineagents.filestore import FileStore
 from alpineagents.state import validate_id
 from alpineagents.store import Record, SavedState, Store, open_store
