@@ -312,7 +312,10 @@ class Protocol:
             delay = random.uniform(0, CONFLICT_BACKOFF * 2**attempt)
             logger.debug(
                 "409 ConditionalRequestConflict on %d request(s) in %s; retry %d in %.3fs",
-                len(again), self.url(self.root), attempt, delay,
+                len(again),
+                self.url(self.root),
+                attempt,
+                delay,
             )
             retried = yield Batch([calls[i] for i in again], delay=delay)
             for i, outcome in zip(again, retried, strict=True):
@@ -515,7 +518,10 @@ class Protocol:
             yield from self._replace_snapshot(state_id, body)
         logger.debug(
             "saved %d entries of %s in %s (snapshot: %s)",
-            len(entries), state_id, self.url(self.root), snapshot is not None,
+            len(entries),
+            state_id,
+            self.url(self.root),
+            snapshot is not None,
         )
 
     def _first_write(self, state_id: str, entries: Sequence[dict[str, Any]]) -> Steps[Version]:
@@ -573,11 +579,13 @@ class Protocol:
             orphans = dict(current.orphans)
             stale = [
                 self.entry_key(state_id, version.generation, seq)
-                for seq in sorted(orphans) if seq not in bodies
+                for seq in sorted(orphans)
+                if seq not in bodies
             ]
             puts = {
                 seq: (self.entry_key(state_id, version.generation, seq), bodies[seq])
-                for seq in orphans if seq in bodies
+                for seq in orphans
+                if seq in bodies
             }
             calls = [self._put(k, b, IfMatch=orphans[seq]) for seq, (k, b) in puts.items()]
             deletes = self._delete_calls(stale)
@@ -609,7 +617,10 @@ class Protocol:
                 self.versions[state_id] = replace(current, orphans={})
             logger.debug(
                 "cleared %d orphan entries of %s: %d replaced, %d deleted",
-                len(orphans), state_id, len(stored), len(stale),
+                len(orphans),
+                state_id,
+                len(stored),
+                len(stale),
             )
             return cleared, stored
         finally:
@@ -719,9 +730,7 @@ class Protocol:
             put = self._snapshot_put(key, body, version, token, IfMatch=version.etag)
             (outcome,) = yield from self._send([put])
             if not isinstance(outcome, Exception):
-                self.versions[state_id] = replace(
-                    version, etag=outcome["ETag"], unsure=frozenset()
-                )
+                self.versions[state_id] = replace(version, etag=outcome["ETag"], unsure=frozenset())
                 return
             code = error_code(outcome)
             if code in _NOT_FOUND_CODES:
@@ -805,7 +814,9 @@ class Protocol:
             logger.info(
                 "%s: %d entry object(s) beyond seq %d, where a save was stopped halfway, are "
                 "left out; the next save replaces or removes them",
-                self.url(prefix), len(orphans), gap,
+                self.url(prefix),
+                len(orphans),
+                gap,
             )
         self._remember(state_id, held, stored.version, gap, orphans)
         logger.debug("read %s: %d entries", self.url(snap_key), gap)
@@ -833,9 +844,7 @@ class Protocol:
         if held is not None and (held.etag, held.generation) == (read.etag, read.generation):
             self.versions[state_id] = replace(held, gap=gap, orphans=orphans, count=gap)
         else:
-            self.versions[state_id] = replace(
-                read, gap=gap, orphans=orphans, floor=gap, count=gap
-            )
+            self.versions[state_id] = replace(read, gap=gap, orphans=orphans, floor=gap, count=gap)
 
     def _scan(
         self,
@@ -922,9 +931,7 @@ class Protocol:
                     logger.debug("ignoring %s: not a State id", self.url(common["Prefix"]))
             token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
             calls = [self._list(self.root, token, Delimiter="/")] if token else []
-            outcomes = yield from self._send(
-                calls + [self._get(self.snapshot_key(i)) for i in ids]
-            )
+            outcomes = yield from self._send(calls + [self._get(self.snapshot_key(i)) for i in ids])
             if token:
                 page = outcomes.pop(0)
             for state_id, outcome in zip(ids, outcomes, strict=True):

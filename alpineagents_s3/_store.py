@@ -164,8 +164,11 @@ class S3Store(Store):
     def _key(self) -> tuple[str, str, str]:
         """(endpoint, bucket, prefix): two stores with the same key are the same store."""
         if self._identity is None:
-            self._identity = (_endpoint_identity(self._configured_endpoint()), self.bucket,
-                              self.prefix)
+            self._identity = (
+                _endpoint_identity(self._configured_endpoint()),
+                self.bucket,
+                self.prefix,
+            )
         return self._identity
 
     def _configured_endpoint(self) -> str | None:

@@ -109,11 +109,14 @@ def moto_server(in_process: bool) -> Iterator[str]:
         port = probe.getsockname()[1]
     env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
     env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                           "AWS_DEFAULT_REGION")})
+    os.environ.update(
+        {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    )
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     endpoint = f"http://127.0.0.1:{port}"
     try:
@@ -251,11 +254,15 @@ def main() -> None:
             ),
         }
         where = "in this process" if args.in_process else "in its own process"
-        print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; moto's S3 server "
-              f"{where} at {endpoint}")
+        print(
+            f"python {sys.version.split()[0]}, {os.cpu_count()} cores; moto's S3 server "
+            f"{where} at {endpoint}"
+        )
         print(baseline(endpoint))
-        print(f"{args.turns} tool-using turns (model response ~{len(MODEL_TEXT)} B of text, "
-              f"tool result ~{len(TOOL_TEXT)} B); S3Store max_concurrency=16\n")
+        print(
+            f"{args.turns} tool-using turns (model response ~{len(MODEL_TEXT)} B of text, "
+            f"tool result ~{len(TOOL_TEXT)} B); S3Store max_concurrency=16\n"
+        )
 
         print("== Saves, by kind: S3 requests per save, bytes sent per save, median latency ==")
         for name, (store, store_log) in stores.items():
@@ -292,16 +299,20 @@ def main() -> None:
                 else:
                     snapshot_size = (folder / state_id / "snapshot.json").stat().st_size
                 took, counts = time_loads(store, state_id, store_log, args.repeat)
-                line = (f"   {size:5} entries: snapshot {snapshot_size:4} B, "
-                        f"load {ms(took)}  {fmt_counts(counts)}")
+                line = (
+                    f"   {size:5} entries: snapshot {snapshot_size:4} B, "
+                    f"load {ms(took)}  {fmt_counts(counts)}"
+                )
                 if isinstance(store, S3Store):
                     line += f";  async load {ms(time_async_loads(store, state_id, args.repeat))}"
                 print(line)
             if isinstance(store, S3Store):
                 one_by_one = S3Store(BUCKET, "runs", endpoint_url=endpoint, max_concurrency=1)
                 took, _ = time_loads(one_by_one, "load-1000", None, 1)
-                print(f"   1000 entries with max_concurrency=1 (one request at a time): "
-                      f"load {ms(took)}")
+                print(
+                    f"   1000 entries with max_concurrency=1 (one request at a time): "
+                    f"load {ms(took)}"
+                )
                 one_by_one.close()
             store.close()
 

@@ -79,7 +79,6 @@ def entries_beyond_snapshot(store: FileStore, state: State, *entries: dict[str, 
 # Stores ------------------------------------------------------------------------------------
 
 
-
 class MemoryStore(Store):
     """A small in-memory store, written the way a user would."""
 

@@ -105,8 +105,7 @@ def test_killed_while_a_slow_tool_runs_the_saved_result_of_a_fast_one_is_kept(
         # What the store holds: a load would add "(unknown: …)" results for both calls.
         record = store.read("turn")
         return record is not None and any(
-            e["kind"] == "tool_result" and e["data"]["name"] == "fast_tool"
-            for e in record.entries
+            e["kind"] == "tool_result" and e["data"]["name"] == "fast_tool" for e in record.entries
         )
 
     with child("tools_child.py", *args) as proc:

@@ -40,7 +40,9 @@ def crash_before_snapshot(endpoint: str, bucket: str, state_id: str, mode: str) 
             os.kill(os.getpid(), signal.SIGKILL)
 
     store = S3Store(
-        bucket, "runs", endpoint_url=endpoint,
+        bucket,
+        "runs",
+        endpoint_url=endpoint,
         event_hooks={"before-send.s3.PutObject": kill_at_snapshot},
     )
     state = State("crash test", id=state_id)

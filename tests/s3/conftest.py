@@ -70,9 +70,7 @@ def localstack_url(aws_environment: None) -> str:
     """LocalStack's endpoint; the test is skipped when ALPINEAGENTS_LOCALSTACK_URL is unset."""
     url = os.environ.get(LOCALSTACK_ENV)
     if not url:
-        pytest.skip(
-            f"{LOCALSTACK_ENV} is not set: start LocalStack with localstack/localstack.sh"
-        )
+        pytest.skip(f"{LOCALSTACK_ENV} is not set: start LocalStack with localstack/localstack.sh")
     return url
 
 
@@ -92,9 +90,7 @@ def _bucket_factory(endpoint_url: str) -> Iterator[MakeBucket]:
         name = f"t-{uuid.uuid4().hex[:20]}"
         client.create_bucket(Bucket=name)
         if versioned:
-            client.put_bucket_versioning(
-                Bucket=name, VersioningConfiguration={"Status": "Enabled"}
-            )
+            client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
         return name
 
     try:

@@ -31,8 +31,12 @@ def test_agent_run_saves_to_s3_with_puts_only_and_resumes_elsewhere(
     bucket = moto_bucket()
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_url)  # the standard boto configuration
     log = RequestLog()
-    agent = Agent(TestModel(answer="done"), tools=[lookup, forecast], output_type=str,
-                  store=S3Store(bucket, "runs", event_hooks=log.hooks))
+    agent = Agent(
+        TestModel(answer="done"),
+        tools=[lookup, forecast],
+        output_type=str,
+        store=S3Store(bucket, "runs", event_hooks=log.hooks),
+    )
     state = State("Weather for the trip", id="trip")
     assert agent.run(state) == "done"
     assert set(log.counts()) == {"PUT"}  # saving never reads

@@ -73,7 +73,8 @@ def test_a_monitors_load_does_not_let_the_run_overwrite_another_writer(
     play(store, mode, scenario)
     with new_store(moto_url, bucket) as reader:
         assert [e.text for e in reader.load("w").history][-2:] == [
-            "from the other process", "continued"
+            "from the other process",
+            "continued",
         ]
 
 
@@ -164,9 +165,7 @@ def test_a_load_racing_the_runs_own_save_does_not_roll_its_baseline_back(
             fetched.set()
             assert saved.wait(10)
 
-    store = new_store(
-        moto_url, bucket, event_hooks={"after-call.s3.GetObject": hold_snapshot_get}
-    )
+    store = new_store(moto_url, bucket, event_hooks={"after-call.s3.GetObject": hold_snapshot_get})
     run = State("raced", id="r")
     _saving.save(store, run)
     run.data = {"n": 1}

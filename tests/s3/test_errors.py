@@ -249,7 +249,9 @@ def test_an_endpoint_without_conditional_writes_is_named(
         501, "NotImplemented", when=lambda url, headers: "If-None-Match" in headers
     )
     store = S3Store(
-        moto_bucket(), "runs", endpoint_url=moto_url,
+        moto_bucket(),
+        "runs",
+        endpoint_url=moto_url,
         event_hooks={"before-call.s3.PutObject": unsupported},
     )
 
@@ -270,7 +272,9 @@ def test_409_conditional_request_conflict_is_retried(
     monkeypatch.setattr(_protocol, "CONFLICT_BACKOFF", 0.001)
     conflict = Refuse(409, "ConditionalRequestConflict", times=4)
     store = S3Store(
-        moto_bucket(), "runs", endpoint_url=moto_url,
+        moto_bucket(),
+        "runs",
+        endpoint_url=moto_url,
         event_hooks={"before-call.s3.PutObject": conflict},
     )
     state = State("contended", id="s")
@@ -317,9 +321,15 @@ def test_any_failure_of_a_call_is_the_stores_error_naming_the_key(
     name = type(error).__name__
     entries = Breaks(error, lambda request: "/entries/" in request.url and request.method == "PUT")
     snapshot = Breaks(error, lambda request: request.url.endswith("/snapshot.json"))
-    store = S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks={
-        "before-send.s3.PutObject": entries, "before-send.s3.GetObject": snapshot,
-    })
+    store = S3Store(
+        bucket,
+        "runs",
+        endpoint_url=moto_url,
+        event_hooks={
+            "before-send.s3.PutObject": entries,
+            "before-send.s3.GetObject": snapshot,
+        },
+    )
 
     async def scenario(io: StoreIO) -> None:
         # Three entry PUTs at once, each failing.
@@ -339,9 +349,7 @@ def test_any_failure_of_a_call_is_the_stores_error_naming_the_key(
     assert entries.raised >= 3 and snapshot.raised >= 1
 
 
-def test_throttling_and_5xx_are_retried_by_botocore(
-    moto_url: str, moto_bucket: MakeBucket
-) -> None:
+def test_throttling_and_5xx_are_retried_by_botocore(moto_url: str, moto_bucket: MakeBucket) -> None:
     bucket = moto_bucket()
     log, slow = RequestLog(), Throttle(times=1)
     hooks: dict[str, Callable[..., Any]] = {**log.hooks, "before-send.s3.PutObject": slow}
@@ -367,7 +375,8 @@ def test_retry_mode_defaults_to_standard_and_follows_the_configuration(
             return config.retries
 
     assert retries(S3Store("b-b-b", endpoint_url=moto_url)) == {
-        "mode": "standard", "total_max_attempts": 5,
+        "mode": "standard",
+        "total_max_attempts": 5,
     }
     adaptive = Config(retries={"mode": "adaptive"})
     with_config = S3Store("b-b-b", endpoint_url=moto_url, config=adaptive)

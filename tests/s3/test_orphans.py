@@ -154,9 +154,7 @@ def test_a_store_object_that_did_not_read_the_state_meets_the_orphans_too(
     loader.close()
     # Without the delete, the stale seq 3 would now follow seq 2 and join the history.
     with new_store(moto_url, bucket) as reader:
-        assert [e.text for e in reader.load("gap").history] == [
-            "killed halfway", "", "result 1"
-        ]
+        assert [e.text for e in reader.load("gap").history] == ["killed halfway", "", "result 1"]
 
 
 def test_concurrent_writes_of_one_store_object_clear_orphans_one_at_a_time(

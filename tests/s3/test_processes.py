@@ -21,14 +21,20 @@ ROOT = Path(__file__).resolve().parents[2]
 def child(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.s3._child", *args],
-        cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
 
 
 def run_child(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tests.s3._child", *args],
-        cwd=ROOT, text=True, capture_output=True, timeout=60,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=60,
     )
 
 
@@ -73,9 +79,7 @@ def test_processes_creating_one_id_at_once_have_one_winner(
     localstack_url: str, localstack_bucket: MakeBucket
 ) -> None:
     bucket = localstack_bucket()
-    writers = [
-child("race", localstack_url, bucket, str(n)) for n in range(4)
-    ]
+    writers = [child("race", localstack_url, bucket, str(n)) for n in range(4)]
     rounds = 10
     try:
         for writer in writers:
@@ -103,7 +107,8 @@ child("race", localstack_url, bucket, str(n)) for n in range(4)
             assert len(won) == 1, lines
             assert all(
                 line == f"lost {state_id} StateExistsError"
-                for line in lines if not line.startswith("won")
+                for line in lines
+                if not line.startswith("won")
             ), lines
             assert store.load(state_id).task == f"writer {won[0]}"
             # The losers left nothing behind.

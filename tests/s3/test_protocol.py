@@ -96,7 +96,9 @@ def test_no_entry_object_ever_gets_a_second_version(
     bucket = moto_bucket(versioned=True)
     # Every snapshot PUT with If-Match fails once, like a save that failed after retries.
     fail_snapshot = Refuse(
-        503, "ServiceUnavailable", times=2,
+        503,
+        "ServiceUnavailable",
+        times=2,
         when=lambda url, headers: url.endswith("snapshot.json") and "If-Match" in headers,
     )
     store = new_store(moto_url, bucket, event_hooks={"before-call.s3.PutObject": fail_snapshot})
