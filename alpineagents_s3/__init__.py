@@ -15,7 +15,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess test
         "(or reinstall the plugin: pip install alpineagents-s3)"
     ) from e
 
-from alpineagents_s3._protocol import StoredObject
+from alpineagents_s3._reading import StoredObject
 from alpineagents_s3._store import S3Store
 from alpineagents_s3.errors import (
     BucketNotFoundError,
@@ -27,6 +27,7 @@ from alpineagents_s3.errors import (
     SchemaVersionError,
     StateExistsError,
     StateNotFoundError,
+    StoreClosedError,
 )
 
 __all__ = [
@@ -40,5 +41,6 @@ __all__ = [
     "SchemaVersionError",
     "StateExistsError",
     "StateNotFoundError",
+    "StoreClosedError",
     "StoredObject",
 ]

@@ -1,4 +1,4 @@
-"""The aioboto3 path: makes the calls of the protocol's batches as concurrent tasks.
+"""The aioboto3 path: makes the calls of each batch as concurrent tasks, and holds the locks.
 
 An aiobotocore client belongs to the event loop it was opened in. The driver opens one per
 loop, lazily, inside that loop, and closes it in :meth:`AsyncDriver.aclose`. It also closes it
@@ -17,7 +17,8 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from alpineagents_s3._protocol import Call, Outcome, Steps
+from alpineagents_s3._lock import HandoffLock
+from alpineagents_s3._steps import Call, Hold, Outcome, Release, Steps
 
 T = TypeVar("T")
 
@@ -85,18 +86,30 @@ class AsyncDriver:
             del self._locks[loop]
 
     async def run(self, steps: Steps[T]) -> T:
-        """Drive ``steps`` to its result."""
+        """Drive ``steps`` to its result; locks it still holds are released when it ends."""
+        held: list[HandoffLock] = []
         try:
-            batch = next(steps)
+            step = next(steps)
             while True:
-                if batch.delay:
-                    await asyncio.sleep(batch.delay)
-                batch = steps.send(await self._call_all(batch.calls))
+                outcomes: list[Outcome] = []
+                if isinstance(step, Hold):
+                    await step.lock.aacquire()
+                    held.append(step.lock)
+                elif isinstance(step, Release):
+                    held.remove(step.lock)
+                    step.lock.release()
+                else:
+                    if step.delay:
+                        await asyncio.sleep(step.delay)
+                    outcomes = await self._call_all(step.calls)
+                step = steps.send(outcomes)
         except StopIteration as done:
             result: T = done.value
             return result
         finally:
             steps.close()
+            for lock in reversed(held):
+                lock.release()
 
     async def _call_all(self, calls: Any) -> list[Outcome]:
         client = await self.client()

@@ -3,34 +3,37 @@
 from __future__ import annotations
 
 import builtins
-import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 from urllib.parse import urlsplit
 
-import boto3
-import botocore.session
 from botocore.config import Config
-from botocore.configprovider import ConfiguredEndpointProvider
-from botocore.exceptions import BotoCoreError
 
 from alpineagents_s3._async import AsyncDriver
+from alpineagents_s3._clients import Clients, endpoint_identity
 from alpineagents_s3._contract import Record, Store, Summary
-from alpineagents_s3._protocol import Protocol, StoredObject
+from alpineagents_s3._deleting import delete
+from alpineagents_s3._layout import Layout
+from alpineagents_s3._reading import StoredObject, list_states, objects, read
+from alpineagents_s3._steps import Steps
 from alpineagents_s3._sync import SyncDriver
+from alpineagents_s3._versions import Ledger
+from alpineagents_s3._writing import write
+from alpineagents_s3.errors import StoreClosedError
 
 if TYPE_CHECKING:
     import aioboto3
+    import boto3
     from types_boto3_s3 import S3Client
 
 __all__ = ["S3Store"]
 
 _SSE_MODES: Final = ("AES256", "aws:kms", "aws:kms:dsse")
-# Used unless AWS_RETRY_MODE / AWS_MAX_ATTEMPTS or the profile's config say otherwise.
-DEFAULT_RETRIES: Final = {"mode": "standard", "total_max_attempts": 5}
 
 EventHook = Callable[..., Any]
+T = TypeVar("T")
 
 
 class S3Store(Store):
@@ -121,24 +124,34 @@ class S3Store(Store):
         self.endpoint_url = endpoint_url
         self.region_name = region_name
         self.max_concurrency = max_concurrency
-        self._session = session
-        self._aio_session = aio_session
-        self._config = config
-        self._event_hooks = dict(event_hooks or {})
+        self._clients = Clients(
+            endpoint_url=endpoint_url,
+            region_name=region_name,
+            max_concurrency=max_concurrency,
+            session=session,
+            aio_session=aio_session,
+            config=config,
+            event_hooks=dict(event_hooks or {}),
+            on_open=self._opened,
+            describe=lambda: repr(self),
+        )
+        self._given_client = client
         self._identity: tuple[str, str, str] | None = None
         sse: dict[str, str] = {}
         if server_side_encryption:
             sse["ServerSideEncryption"] = server_side_encryption
         if sse_kms_key_id:
             sse["SSEKMSKeyId"] = sse_kms_key_id
-        self._protocol = Protocol(
+        self._closed = False
+        self._ledger = Ledger()
+        self._layout = Layout(
             bucket=bucket,
             root=self.prefix,
             endpoint=endpoint_url or (client.meta.endpoint_url if client else "the S3 endpoint"),
             sse=sse,
         )
-        self._sync = SyncDriver(self._make_client, max_concurrency, client)
-        self._async = AsyncDriver(self._open_aio_client, max_concurrency, self._opened)
+        self._sync = SyncDriver(self._clients.make_sync, max_concurrency, client)
+        self._async = AsyncDriver(self._clients.open_async, max_concurrency, self._clients.prepare)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Store:
@@ -165,82 +178,24 @@ class S3Store(Store):
         """(endpoint, bucket, prefix): two stores with the same key are the same store."""
         if self._identity is None:
             self._identity = (
-                _endpoint_identity(self._configured_endpoint()),
+                endpoint_identity(self._clients.configured_endpoint(self._given_client)),
                 self.bucket,
                 self.prefix,
             )
         return self._identity
-
-    def _configured_endpoint(self) -> str | None:
-        if self.endpoint_url:
-            return self.endpoint_url
-        given = self._sync._given
-        if given is not None:
-            return str(given.meta.endpoint_url)
-        try:
-            core = self._botocore_session(self._session)
-            provider = ConfiguredEndpointProvider(
-                full_config=core.full_config,
-                scoped_config=core.get_scoped_config(),
-                client_name="s3",
-            )
-            found = provider.provide()
-        except BotoCoreError:
-            return None
-        return str(found) if found else None
 
     # Clients ---------------------------------------------------------------------------
 
     @property
     def client(self) -> S3Client:
         """The boto3 S3 client of the sync methods, made at first use."""
+        self._check_open()
         client: S3Client = self._sync.client
         return client
 
-    def _client_kwargs(self, session: Any) -> dict[str, Any]:
-        defaults: dict[str, Any] = {"max_pool_connections": max(10, self.max_concurrency)}
-        if not _retries_configured(self._botocore_session(session)):
-            defaults["retries"] = dict(DEFAULT_RETRIES)
-        config = Config(**defaults)
-        if self._config is not None:
-            config = config.merge(self._config)
-        return {
-            "endpoint_url": self.endpoint_url,
-            "region_name": self.region_name,
-            "config": config,
-        }
-
-    def _make_client(self) -> S3Client:
-        session = self._session or boto3.Session()
-        client: S3Client = session.client("s3", **self._client_kwargs(session))
-        self._opened(client)
-        return client
-
-    def _open_aio_client(self) -> Any:
-        aioboto3 = _import_aioboto3(self)
-        if self._aio_session is None:
-            # The async side follows the sync session's profile and region, if one was given.
-            given = self._session
-            core = self._botocore_session(given) if given is not None else None
-            self._aio_session = aioboto3.Session(
-                profile_name=core.profile if core is not None else None,
-                region_name=given.region_name if given is not None else None,
-            )
-        session = self._aio_session
-        return session.client("s3", **self._client_kwargs(session))
-
     def _opened(self, client: Any) -> None:
-        """Prepare a client the store has just opened."""
-        self._protocol.endpoint = str(client.meta.endpoint_url)
-        for event, handler in self._event_hooks.items():
-            client.meta.events.register(event, handler)
-
-    @staticmethod
-    def _botocore_session(session: Any) -> botocore.session.Session:
-        core = getattr(session, "_session", None)
-        if isinstance(core, botocore.session.Session):
-            return core
-        return botocore.session.get_session()
+        """Prepare a client the store has just opened: messages name its endpoint."""
+        self._layout = replace(self._layout, endpoint=str(client.meta.endpoint_url))
 
     # The sync methods ------------------------------------------------------------------
 
@@ -258,11 +213,11 @@ class S3Store(Store):
         ``None`` keeps the stored one) or the info dict (0.5+); the store does not look
         inside it.
         """
-        self._sync.run(self._protocol.write(state_id, entries, snapshot, create))
+        self._sync.run(self._steps(write, self._ledger, state_id, entries, snapshot, create))
 
     def read(self, state_id: str) -> Record | None:
         """The snapshot and every entry, fetched concurrently; ``None`` for an unknown id."""
-        return self._sync.run(self._protocol.read(state_id))
+        return self._sync.run(self._steps(read, self._ledger, state_id))
 
     def load(self, state_id: str) -> Any:
         """The core's ``load``; an error of the core about what is stored names where it is."""
@@ -283,7 +238,7 @@ class S3Store(Store):
     def _note_where(self, error: Exception, state_id: str) -> None:
         """Name the State's objects on an error about them (not on an unknown id)."""
         if "s3://" not in str(error) and not isinstance(error, LookupError):
-            where = self._protocol.url(self._protocol.state_prefix(state_id))
+            where = self._layout.url(self._layout.state_prefix(state_id))
             error.add_note(f"State {state_id!r} is stored under {where}")
 
     def list(self) -> builtins.list[Summary]:
@@ -292,20 +247,42 @@ class S3Store(Store):
         Each is the installed alpineagents' own summary: ``SavedState`` (0.2-0.4 and this
         repository's core) or ``StateInfo`` (0.5+).
         """
-        return self._sync.run(self._protocol.list_states())
+        return self._sync.run(self._steps(list_states))
 
     def delete(self, state_id: str) -> None:
         """Delete every object of a State (snapshot first); ``KeyError`` if there is none."""
-        self._sync.run(self._protocol.delete(state_id))
+        self._sync.run(self._steps(delete, self._ledger, state_id))
 
     def objects(self, state_id: str) -> builtins.list[StoredObject]:
         """Every object under the State's prefix, with its size and role, in key order."""
-        return self._sync.run(self._protocol.objects(state_id))
+        return self._sync.run(self._steps(objects, state_id))
 
     def close(self) -> None:
-        """Close the boto3 client and thread pool. The store opens them again if used."""
+        """Close the boto3 client and thread pool; the store refuses any later use.
+
+        Async clients of event loops that have ended were closed with their loop; one of a loop
+        still running is closed by ``aclose()`` in that loop.
+        """
+        self._closed = True
         self._sync.close()
         self._async.forget_ended_loops()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` or ``aclose()`` was called."""
+        return self._closed
+
+    def _steps(self, operation: Callable[..., Steps[T]], *args: Any) -> Steps[T]:
+        """The steps of an operation on this store's layout; refused once the store is closed."""
+        self._check_open()
+        return operation(self._layout, *args)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(
+                f"{self!r} is closed: make a new S3Store (a store kept for the whole process "
+                "needs no close; an async client closes with its event loop)"
+            )
 
     # The async twins -------------------------------------------------------------------
 
@@ -318,32 +295,37 @@ class S3Store(Store):
         create: bool = False,
     ) -> None:
         """Async ``write``, on aioboto3."""
-        await self._async.run(self._protocol.write(state_id, entries, snapshot, create))
+        await self._async.run(self._steps(write, self._ledger, state_id, entries, snapshot, create))
 
     async def aread(self, state_id: str) -> Record | None:
         """Async ``read``, on aioboto3."""
-        return await self._async.run(self._protocol.read(state_id))
+        return await self._async.run(self._steps(read, self._ledger, state_id))
 
     async def alist(self) -> builtins.list[Summary]:
         """Async ``list``, on aioboto3."""
-        return await self._async.run(self._protocol.list_states())
+        return await self._async.run(self._steps(list_states))
 
     async def adelete(self, state_id: str) -> None:
         """Async ``delete``, on aioboto3."""
-        await self._async.run(self._protocol.delete(state_id))
+        await self._async.run(self._steps(delete, self._ledger, state_id))
 
     async def aobjects(self, state_id: str) -> builtins.list[StoredObject]:
         """Async ``objects``, on aioboto3."""
-        return await self._async.run(self._protocol.objects(state_id))
+        return await self._async.run(self._steps(objects, state_id))
 
     async def aclose(self) -> None:
-        """Close the aioboto3 client of the running event loop, and the sync client."""
+        """Close the aioboto3 client of the running event loop, and the sync client.
+
+        The store refuses any later use.
+        """
+        self._closed = True
         await self._async.aclose()
         self._sync.close()
 
     # Context managers (the published Store base has none) ------------------------------
 
     def __enter__(self) -> Self:
+        self._check_open()
         return self
 
     def __exit__(
@@ -352,47 +334,10 @@ class S3Store(Store):
         self.close()
 
     async def __aenter__(self) -> Self:
+        self._check_open()
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
-
-
-def _import_aioboto3(store: S3Store) -> Any:
-    """aioboto3, for the async methods; it is the plugin's ``async`` extra."""
-    try:
-        import aioboto3
-    except ImportError as e:
-        raise ImportError(
-            f"the async methods of {store!r} (awrite, aread, alist, adelete, used by "
-            "agent.arun) need aioboto3, which is not installed: "
-            "pip install 'alpineagents-s3[async]'"
-        ) from e
-    return aioboto3
-
-
-def _retries_configured(core: botocore.session.Session) -> bool:
-    """Whether the environment or the profile chose a retry mode or attempt count."""
-    if os.environ.get("AWS_RETRY_MODE") or os.environ.get("AWS_MAX_ATTEMPTS"):
-        return True
-    try:
-        scoped = core.get_scoped_config()
-    except BotoCoreError:
-        return False
-    return "retry_mode" in scoped or "max_attempts" in scoped
-
-
-def _endpoint_identity(endpoint: str | None) -> str:
-    """An endpoint as store identity: AWS's own endpoints are one S3 (bucket names are global)."""
-    if not endpoint:
-        return "aws"
-    parts = urlsplit(endpoint)
-    host = (parts.hostname or "").lower()
-    if host.endswith(".amazonaws.com") or host == "amazonaws.com":
-        return "aws"
-    if host.endswith(".amazonaws.com.cn"):
-        return "aws-cn"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}"

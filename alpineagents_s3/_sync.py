@@ -1,4 +1,4 @@
-"""The boto3 path: makes the calls of the protocol's batches on a thread pool."""
+"""The boto3 path: makes the calls of each batch on a thread pool, and holds the steps' locks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from alpineagents_s3._protocol import Call, Outcome, Steps
+from alpineagents_s3._lock import HandoffLock
+from alpineagents_s3._steps import Call, Hold, Outcome, Release, Steps
 
 T = TypeVar("T")
 
@@ -56,18 +57,30 @@ class SyncDriver:
         return pool
 
     def run(self, steps: Steps[T]) -> T:
-        """Drive ``steps`` to its result."""
+        """Drive ``steps`` to its result; locks it still holds are released when it ends."""
+        held: list[HandoffLock] = []
         try:
-            batch = next(steps)
+            step = next(steps)
             while True:
-                if batch.delay:
-                    time.sleep(batch.delay)
-                batch = steps.send(self._call_all(batch.calls))
+                outcomes: list[Outcome] = []
+                if isinstance(step, Hold):
+                    step.lock.acquire()
+                    held.append(step.lock)
+                elif isinstance(step, Release):
+                    held.remove(step.lock)
+                    step.lock.release()
+                else:
+                    if step.delay:
+                        time.sleep(step.delay)
+                    outcomes = self._call_all(step.calls)
+                step = steps.send(outcomes)
         except StopIteration as done:
             result: T = done.value
             return result
         finally:
             steps.close()
+            for lock in reversed(held):
+                lock.release()
 
     def _call_all(self, calls: Any) -> list[Outcome]:
         client = self.client

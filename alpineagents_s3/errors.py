@@ -88,3 +88,7 @@ class ConditionalWritesUnsupportedError(S3StoreError):
 
     S3Store needs them to keep history entries immutable and to detect a second writer.
     """
+
+
+class StoreClosedError(S3StoreError, RuntimeError):
+    """The S3Store was closed (``close()``, ``aclose()``, or the end of a ``with`` block)."""

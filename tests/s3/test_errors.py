@@ -27,7 +27,7 @@ from alpineagents_s3 import (
     S3AccessDeniedError,
     S3Store,
     S3StoreError,
-    _protocol,
+    _steps,
 )
 from alpineagents_s3.testing import RequestLog
 from tests.s3.conftest import MakeBucket
@@ -269,7 +269,7 @@ def test_an_endpoint_without_conditional_writes_is_named(
 def test_409_conditional_request_conflict_is_retried(
     mode: str, moto_url: str, moto_bucket: MakeBucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_protocol, "CONFLICT_BACKOFF", 0.001)
+    monkeypatch.setattr(_steps, "CONFLICT_BACKOFF", 0.001)
     conflict = Refuse(409, "ConditionalRequestConflict", times=4)
     store = S3Store(
         moto_bucket(),
@@ -292,7 +292,7 @@ def test_409_conditional_request_conflict_is_retried(
             await io.save(state)
 
     play(store, mode, scenario)
-    assert conflict.refused == 4 + 2 + _protocol.CONFLICT_ATTEMPTS
+    assert conflict.refused == 4 + 2 + _steps.CONFLICT_ATTEMPTS
 
 
 class Breaks:

@@ -24,7 +24,7 @@ from alpineagents.store import dumps
 from alpineagents.testing import StoreIO
 from alpineagents.testing._store_suite import make_entries, make_snapshot
 from alpineagents_s3 import S3Store
-from alpineagents_s3._protocol import GENERATION_META
+from alpineagents_s3._layout import GENERATION_META
 from alpineagents_s3.testing import RequestLog
 from tests.s3.conftest import MakeBucket, raw_client
 from tests.s3.faults import play

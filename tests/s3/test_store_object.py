@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,8 +20,8 @@ from alpineagents import _saving
 from alpineagents.state import State
 from alpineagents.store import dumps, open_store
 from alpineagents.testing._store_suite import make_entries, make_snapshot
-from alpineagents_s3 import S3Store
-from alpineagents_s3._protocol import GENERATION_META
+from alpineagents_s3 import S3Store, StoreClosedError
+from alpineagents_s3._layout import GENERATION_META
 from alpineagents_s3.testing import RequestLog, embedded_moto
 from tests.s3.conftest import MakeBucket
 
@@ -130,26 +131,73 @@ def test_a_given_client_is_used_and_not_closed(moto_url: str, moto_bucket: MakeB
 def test_one_store_serves_one_event_loop_after_another(
     moto_url: str, moto_bucket: MakeBucket
 ) -> None:
-    """A serverless handler calls asyncio.run per event, with or without aclose()."""
-    store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
+    """A serverless handler calls asyncio.run per event: one module-level store serves them all."""
+    bucket = moto_bucket()
+    store = S3Store(bucket, "runs", endpoint_url=moto_url)
     clients = []
 
-    async def handle(event: int, close: bool) -> None:
+    async def handle(event: int) -> None:
         if event == 0:
             await _saving.asave(store, State("per event", id="e"))
         state = await store.aload("e")
         state.add_user_message(f"event {event}")
         await _saving.asave(store, state)
         clients.append(await store._async.client())
-        if close:
-            await store.aclose()
 
     for event in range(4):
-        asyncio.run(handle(event, close=event % 2 == 0))
+        asyncio.run(handle(event))
     assert len({id(c) for c in clients}) == 4  # a client per loop, each closed with its loop
     assert [e.text for e in store.load("e").history][-4:] == [f"event {n}" for n in range(4)]
     store.close()
     gc.collect()  # an unclosed aiohttp session would warn here, and warnings are errors
+
+    async def with_a_store_per_event(event: int) -> None:
+        async with S3Store(bucket, "runs", endpoint_url=moto_url) as own:
+            state = await own.aload("e")
+            state.add_user_message(f"closed event {event}")
+            await _saving.asave(own, state)
+
+    for event in range(2):
+        asyncio.run(with_a_store_per_event(event))
+    texts = [e.text for e in S3Store(bucket, "runs", endpoint_url=moto_url).load("e").history]
+    assert texts[-2:] == ["closed event 0", "closed event 1"]
+    gc.collect()
+
+
+def test_a_closed_store_refuses_use(moto_url: str, moto_bucket: MakeBucket) -> None:
+    store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
+    store.write("c", make_entries(0, 1), make_snapshot("c", 1), create=True)
+    store.close()
+    store.close()  # closing again is harmless
+    assert store.closed
+    calls: list[Callable[[], object]] = [
+        lambda: store.read("c"),
+        lambda: store.load("c"),
+        store.list,
+        lambda: store.delete("c"),
+        lambda: store.objects("c"),
+        lambda: store.write("c", [], make_snapshot("c", 1)),
+        lambda: store.client,
+        store.__enter__,
+    ]
+    for call in calls:
+        with pytest.raises(StoreClosedError, match=r"S3Store\('s3://.*/runs/'.* is closed"):
+            call()
+
+    async def main() -> None:
+        async with S3Store(store.bucket, "runs", endpoint_url=moto_url) as other:
+            assert (await other.aread("c")) is not None
+        with pytest.raises(StoreClosedError):
+            await other.aread("c")
+        with pytest.raises(StoreClosedError):
+            await other.alist()
+        with pytest.raises(StoreClosedError):
+            await other.__aenter__()
+        assert other.closed
+
+    asyncio.run(main())
+    assert issubclass(StoreClosedError, RuntimeError)
+    gc.collect()
 
 
 def test_async_with_closes_the_client(moto_url: str, moto_bucket: MakeBucket) -> None:
@@ -202,7 +250,7 @@ def test_delete_removes_every_object_in_batches(
     bucket = moto_bucket()
     with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
         store.write("big", make_entries(0, 1), make_snapshot("big", 1), create=True)
-        generation = store._protocol.versions["big"].generation
+        generation = store._ledger.versions["big"].generation
     objects: dict[str, tuple[bytes, dict[str, str]]] = {
         f"runs/big/entries/{generation}/{e['seq']:010d}.json": (dumps(e), {})
         for e in make_entries(1, 1500)

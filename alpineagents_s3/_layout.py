@@ -1,0 +1,241 @@
+"""Where a State's objects live in the bucket, what their metadata says, and the calls on them.
+
+Layout under the store's prefix::
+
+    {id}/snapshot.json                     the rest of the State; metadata names its generation
+    {id}/entries/{generation}/{seq}.json   one immutable object per history entry
+
+``seq`` is zero-padded to ten digits, so lexical order is seq order. A *generation* is a random
+token chosen when a State is created: entries are written under it before the snapshot that names
+it, so entries of a create that lost a race (or died before its snapshot) never mix with the
+winner's. The snapshot's metadata names the generation, the PUT that wrote it (a random token, so
+a PUT whose answer was lost is recognised as our own), the layout version, and how many entries
+from seq 0 on were stored when it was written.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn
+
+from alpineagents_s3._codec import loads_snapshot
+from alpineagents_s3._steps import Call, Outcome, Response, Steps, send
+from alpineagents_s3._translate import Where, translate
+from alpineagents_s3.errors import (
+    CorruptStateError,
+    S3StoreError,
+    SchemaVersionError,
+    StateNotFoundError,
+)
+
+SNAPSHOT: Final = "snapshot.json"
+ENTRIES: Final = "entries/"
+SEQ_DIGITS: Final = 10
+GENERATION_META: Final = "alpineagents-generation"
+WRITE_META: Final = "alpineagents-write"
+# The layout version of the objects (absent: 1). A newer one is refused, not misread.
+LAYOUT_META: Final = "alpineagents-layout"
+LAYOUT: Final = 1
+ENTRIES_META: Final = "alpineagents-entries"
+# S3 lists at most 1,000 keys a page and deletes at most 1,000 keys a request.
+PAGE: Final = 1000
+
+_ENTRY_NAME = re.compile(rf"([0-9a-f]+)/([0-9]{{{SEQ_DIGITS}}})\.json")
+
+
+def new_generation() -> str:
+    """A random token naming one creation of a State id."""
+    return uuid.uuid4().hex[:16]
+
+
+def new_token() -> str:
+    """A random token naming one snapshot PUT."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    """What a snapshot object's metadata says.
+
+    Attributes:
+        generation: The generation whose entries belong to the State.
+        token: The token of the PUT that wrote it (``None`` if absent).
+        count: How many entries from seq 0 on were stored when it was written, if recorded.
+    """
+
+    generation: str
+    token: str | None
+    count: int | None
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """A snapshot object as read: ``snapshot`` is ``None`` for a State created without one."""
+
+    etag: str
+    meta: SnapshotMeta
+    snapshot: dict[str, Any] | None
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The keys, calls and messages of one store's prefix in one bucket."""
+
+    bucket: str
+    root: str  # the prefix: "" or ending with "/"
+    endpoint: str  # for messages
+    sse: Mapping[str, str] = field(default_factory=dict)
+
+    # Keys and names ------------------------------------------------------------------
+
+    def url(self, key: str = "") -> str:
+        """``s3://bucket/key``, the way messages name an object."""
+        return f"s3://{self.bucket}/{key}"
+
+    def state_prefix(self, state_id: str) -> str:
+        """The prefix of every object of one State."""
+        return f"{self.root}{state_id}/"
+
+    def snapshot_key(self, state_id: str) -> str:
+        """The key of a State's snapshot."""
+        return f"{self.root}{state_id}/{SNAPSHOT}"
+
+    def entries_prefix(self, state_id: str) -> str:
+        """The prefix of a State's entry objects, all generations."""
+        return f"{self.root}{state_id}/{ENTRIES}"
+
+    def entry_key(self, state_id: str, generation: str, seq: int) -> str:
+        """The key of one history entry."""
+        return f"{self.root}{state_id}/{ENTRIES}{generation}/{seq:0{SEQ_DIGITS}d}.json"
+
+    def parse_entry_key(self, state_id: str, key: str) -> tuple[str, int] | None:
+        """``(generation, seq)`` of an entry key, or ``None`` for a key S3Store did not name."""
+        match = _ENTRY_NAME.fullmatch(key.removeprefix(self.entries_prefix(state_id)))
+        return (match[1], int(match[2])) if match else None
+
+    # Calls -----------------------------------------------------------------------------
+
+    def put(self, key: str, body: bytes, **conditions: Any) -> Call:
+        """A PutObject of a JSON body, with the store's encryption settings."""
+        params: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "Body": body,
+            "ContentType": "application/json",
+            **conditions,
+            **self.sse,
+        }
+        return Call("put_object", params)
+
+    def snapshot_put(
+        self,
+        state_id: str,
+        body: bytes,
+        generation: str,
+        token: str,
+        count: int | None,
+        **conditions: Any,
+    ) -> Call:
+        """The snapshot PUT: its metadata names the generation, this PUT and the layout."""
+        metadata = {GENERATION_META: generation, WRITE_META: token, LAYOUT_META: str(LAYOUT)}
+        if count is not None:
+            metadata[ENTRIES_META] = str(count)
+        return self.put(self.snapshot_key(state_id), body, Metadata=metadata, **conditions)
+
+    def get(self, key: str) -> Call:
+        """A GetObject."""
+        return Call("get_object", {"Bucket": self.bucket, "Key": key})
+
+    def head(self, key: str) -> Call:
+        """A HeadObject."""
+        return Call("head_object", {"Bucket": self.bucket, "Key": key})
+
+    def list_page(self, prefix: str, token: str | None = None, **extra: Any) -> Call:
+        """One page (1,000 keys) of ListObjectsV2 under ``prefix``."""
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": PAGE}
+        if token:
+            params["ContinuationToken"] = token
+        return Call("list_objects_v2", {**params, **extra})
+
+    def delete(self, key: str) -> Call:
+        """A DeleteObject."""
+        return Call("delete_object", {"Bucket": self.bucket, "Key": key})
+
+    def delete_many(self, keys: Sequence[str]) -> list[Call]:
+        """DeleteObjects calls for ``keys``, 1,000 a call."""
+        return [
+            Call(
+                "delete_objects",
+                {
+                    "Bucket": self.bucket,
+                    "Delete": {"Objects": [{"Key": k} for k in keys[i : i + PAGE]], "Quiet": True},
+                },
+            )
+            for i in range(0, len(keys), PAGE)
+        ]
+
+    def send(self, calls: Sequence[Call]) -> Steps[list[Outcome]]:
+        """Make ``calls`` at once, with the 409 retry (see :func:`~alpineagents_s3._steps.send`)."""
+        return send(calls, self.url(self.root))
+
+    # Objects ---------------------------------------------------------------------------
+
+    def stored_snapshot(self, state_id: str, response: Response) -> StoredSnapshot:
+        """A GetObject response of a snapshot, checked: layout, generation, body."""
+        key = self.snapshot_key(state_id)
+        metadata = response.get("Metadata", {})
+        self.check_layout(metadata, key)
+        generation = metadata.get(GENERATION_META)
+        if not generation:
+            raise CorruptStateError(
+                f"{self.url(key)} has no {GENERATION_META!r} metadata: it was not written by "
+                "S3Store (or was copied without its metadata)"
+            )
+        raw_count = metadata.get(ENTRIES_META)
+        count = int(raw_count) if raw_count and raw_count.isdigit() else None
+        body = response["Body"]
+        return StoredSnapshot(
+            response["ETag"],
+            SnapshotMeta(generation, metadata.get(WRITE_META), count),
+            loads_snapshot(body, self.url(key)),
+            body,
+        )
+
+    def check_layout(self, metadata: Mapping[str, str], key: str) -> None:
+        """Refuse an object of a newer layout than this alpineagents-s3 writes."""
+        raw = metadata.get(LAYOUT_META, "1")
+        if not raw.isdigit():
+            raise CorruptStateError(f"{self.url(key)} has the layout version {raw!r}")
+        if int(raw) > LAYOUT:
+            raise SchemaVersionError(
+                f"{self.url(key)} was written in layout {raw} of alpineagents-s3, newer than "
+                f"the installed one reads ({LAYOUT}): upgrade alpineagents-s3 to read it"
+            )
+
+    # Errors ----------------------------------------------------------------------------
+
+    def where(self, key: str, action: str, conditions: str = "") -> Where:
+        """What an error message says about a request on ``key``."""
+        return Where(
+            action, self.url(key), self.bucket, self.endpoint, self.url(self.root), conditions
+        )
+
+    def error(
+        self, failure: Exception, key: str, action: str, conditions: str = ""
+    ) -> S3StoreError:
+        """The store's exception for a failed call on ``key``: what failed, where, what to do."""
+        return translate(failure, self.where(key, action, conditions))
+
+    def fail(self, failure: Exception, key: str, action: str, conditions: str = "") -> NoReturn:
+        """Raise the store's exception for a failed call, chained to what the client raised."""
+        raise self.error(failure, key, action, conditions) from failure
+
+    def not_found(self, state_id: str, why: str = "") -> StateNotFoundError:
+        """An unknown id: a ``LookupError`` (``KeyError``) in every contract generation."""
+        return StateNotFoundError(
+            f"no saved State with id {state_id!r} in {self.url(self.root)}{why}"
+        )

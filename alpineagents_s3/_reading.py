@@ -1,0 +1,274 @@
+"""The steps of ``S3Store.read``, ``list`` and ``objects``, and the listing they share.
+
+A read GETs the snapshot and lists the entries at once, then GETs the entries of each page while
+it lists the next. It returns the unbroken run of entries from seq 0 only; entries beyond a gap
+(orphans of a save that was stopped halfway) are remembered with their ETags, not returned. The
+snapshot's metadata says how many entries were stored when it was written: a run shorter than
+that (a writer added entries between our listing and our snapshot GET) is listed again, and one
+that stays shorter means entry objects were deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from alpineagents_s3 import _contract
+from alpineagents_s3._codec import loads_entry, loads_snapshot, validate_id
+from alpineagents_s3._contract import Record, Summary
+from alpineagents_s3._layout import GENERATION_META, Layout, StoredSnapshot
+from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
+from alpineagents_s3._translate import NOT_FOUND_CODES
+from alpineagents_s3._versions import Ledger, Version, unbroken_run
+from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
+
+logger = logging.getLogger("alpineagents_s3")
+
+# How often a read lists again when the snapshot accounts for more entries than it found.
+RELISTS = 3
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object of a saved State, as :meth:`S3Store.objects` lists it.
+
+    Attributes:
+        key: The object's key in the bucket.
+        size: Its size in bytes.
+        kind: ``"snapshot"``, ``"entry"`` (a history entry of the State), ``"abandoned"`` (an
+            entry of a create that did not finish or lost a race: never read, removed with
+            the State) or ``"other"`` (not written by S3Store).
+        seq: The history entry's seq, for entries.
+        last_modified: When S3 stored it.
+    """
+
+    key: str
+    size: int
+    kind: str
+    seq: int | None
+    last_modified: datetime
+
+
+def get_snapshot(layout: Layout, state_id: str, action: str) -> Steps[StoredSnapshot | None]:
+    """The State's snapshot object, or ``None`` when there is none."""
+    key = layout.snapshot_key(state_id)
+    (outcome,) = yield from layout.send([layout.get(key)])
+    if isinstance(outcome, Exception):
+        if error_code(outcome) in NOT_FOUND_CODES:
+            return None
+        layout.fail(outcome, key, action)
+    return layout.stored_snapshot(state_id, outcome)
+
+
+def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
+    """The State's Record: the snapshot and the unbroken run of entries from seq 0."""
+    validate_id(state_id)
+    held = ledger.versions.get(state_id)
+    prefix = layout.entries_prefix(state_id)
+    snap_key = layout.snapshot_key(state_id)
+    snap_out, page = yield from layout.send([layout.get(snap_key), layout.list_page(prefix)])
+    if isinstance(snap_out, Exception):
+        if error_code(snap_out) in NOT_FOUND_CODES:
+            return None
+        layout.fail(snap_out, snap_key, "GetObject")
+    stored = layout.stored_snapshot(state_id, snap_out)
+    generation = stored.meta.generation
+    listed: dict[int, tuple[str, str]] = {}
+    entries: dict[int, dict[str, Any]] = {}
+    yield from scan(layout, state_id, generation, page, listed, entries)
+
+    # A writer may have added entries between our listing and our snapshot GET.
+    covered = stored.meta.count
+    for _ in range(RELISTS):
+        gap = unbroken_run(entries)
+        if covered is None or gap >= covered:
+            break
+        start = {"StartAfter": layout.entry_key(state_id, generation, gap - 1)} if gap else {}
+        (page,) = yield from layout.send([layout.list_page(f"{prefix}{generation}/", **start)])
+        yield from scan(layout, state_id, generation, page, listed, entries)
+    gap = unbroken_run(entries)
+    if covered is not None and gap < covered:
+        raise CorruptStateError(
+            f"{layout.url(snap_key)} accounts for {covered} history entries, but "
+            f"{layout.url(prefix)}{generation}/ holds {gap} in a row from seq 0: entry objects "
+            "were deleted or moved. Restore them from a bucket version, or delete the State"
+        )
+
+    orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
+    if orphans:
+        logger.info(
+            "%s: %d entry object(s) beyond seq %d, where a save was stopped halfway, are left "
+            "out; the next save replaces or removes them",
+            layout.url(prefix),
+            len(orphans),
+            gap,
+        )
+    found = Version(stored.etag, generation, count=stored.meta.count)
+    ledger.remember(state_id, held, found, gap, orphans)
+    logger.debug("read %s: %d entries", layout.url(snap_key), gap)
+    return _contract.make_record([entries[seq] for seq in range(gap)], stored.snapshot)
+
+
+def scan(
+    layout: Layout,
+    state_id: str,
+    generation: str,
+    page: Outcome,
+    listed: dict[int, tuple[str, str]],
+    into: dict[int, dict[str, Any]] | None = None,
+    *,
+    after: str | None = None,
+) -> Steps[None]:
+    """List the entries of ``generation`` from ``page`` on into ``listed`` (seq: key, ETag).
+
+    With ``into``, also GET the entries that extend the unbroken run from seq 0, each round
+    fetching the entries of one page while it lists the next. Seqs up to the key ``after`` are
+    not needed: a truncated listing of all generations skips to it.
+    """
+    prefix = layout.entries_prefix(state_id)
+    mine = f"{prefix}{generation}/"
+    while True:
+        if isinstance(page, Exception):
+            layout.fail(page, prefix, "ListObjectsV2")
+        last = ""
+        for item in page.get("Contents", ()):
+            last = item["Key"]
+            parsed = layout.parse_entry_key(state_id, last)
+            if parsed is None:
+                logger.debug("ignoring %s: not an entry object", layout.url(last))
+            elif parsed[0] == generation:
+                listed[parsed[1]] = (last, item.get("ETag", ""))
+        calls: list[Call] = []
+        if page.get("IsTruncated"):
+            jump = max(after or "", mine)
+            if page.get("Prefix") != mine and last < jump:
+                calls = [layout.list_page(mine, StartAfter=jump)]
+            else:
+                calls = [
+                    layout.list_page(page.get("Prefix", prefix), page["NextContinuationToken"])
+                ]
+        wanted: list[int] = []
+        if into is not None:
+            seq = 0
+            while seq in listed:
+                if seq not in into:
+                    wanted.append(seq)
+                seq += 1
+        outcomes = yield from layout.send(calls + [layout.get(listed[s][0]) for s in wanted])
+        if calls:
+            page = outcomes.pop(0)
+        for seq, outcome in zip(wanted, outcomes, strict=True):
+            key = listed[seq][0]
+            if isinstance(outcome, Exception):
+                if error_code(outcome) in NOT_FOUND_CODES:
+                    # Deleted since it was listed (an orphan a writer cleared): the run ends
+                    # below it; listing again tells what follows.
+                    del listed[seq]
+                    continue
+                layout.fail(outcome, key, "GetObject")
+            if into is not None:
+                into[seq] = loads_entry(outcome["Body"], layout.url(key), seq)
+        if not calls:
+            return
+
+
+def list_states(layout: Layout) -> Steps[list[Summary]]:
+    """One ListObjectsV2 per 1,000 States (by ``/``), snapshot GETs in parallel.
+
+    Each State is summarised by the installed core's own summary class. A State created without
+    a snapshot (alpineagents 0.2-0.4, in the middle of a turn) is listed once its first snapshot
+    is saved.
+    """
+    saved: list[Summary] = []
+    (page,) = yield from layout.send([layout.list_page(layout.root, Delimiter="/")])
+    while True:
+        if isinstance(page, Exception):
+            layout.fail(page, layout.root, "ListObjectsV2")
+        ids = []
+        for common in page.get("CommonPrefixes", ()):
+            name = common["Prefix"][len(layout.root) :].rstrip("/")
+            try:
+                ids.append(validate_id(name))
+            except ValueError:
+                logger.debug("ignoring %s: not a State id", layout.url(common["Prefix"]))
+        token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        calls = [layout.list_page(layout.root, token, Delimiter="/")] if token else []
+        outcomes = yield from layout.send(calls + [layout.get(layout.snapshot_key(i)) for i in ids])
+        if token:
+            page = outcomes.pop(0)
+        for state_id, outcome in zip(ids, outcomes, strict=True):
+            key = layout.snapshot_key(state_id)
+            if isinstance(outcome, Exception):
+                if error_code(outcome) in NOT_FOUND_CODES:
+                    continue  # a create that did not finish, or a State being deleted
+                layout.fail(outcome, key, "GetObject")
+            layout.check_layout(outcome.get("Metadata", {}), key)
+            snapshot = loads_snapshot(outcome["Body"], layout.url(key))
+            if snapshot is None:
+                logger.debug("not listing %s: created without a snapshot", layout.url(key))
+                continue
+            saved.append(_summary(layout, state_id, snapshot, key))
+        if not token:
+            break
+    return _contract.newest_first(saved)
+
+
+def _summary(layout: Layout, state_id: str, snapshot: dict[str, Any], key: str) -> Summary:
+    """The core's summary of a snapshot; a snapshot it cannot read names the object."""
+    try:
+        return _contract.summarize(state_id, snapshot)
+    except Exception as e:
+        newer = any(c.__name__ == "SchemaVersionError" for c in type(e).__mro__)
+        error = SchemaVersionError if newer else CorruptStateError
+        raise error(
+            f"{layout.url(key)} is not a snapshot alpineagents {_contract.CORE_VERSION} can "
+            f"summarise: {type(e).__name__}: {e}"
+        ) from e
+
+
+def list_all(layout: Layout, prefix: str) -> Steps[list[Response]]:
+    """Every object under ``prefix``, as ListObjectsV2 describes them, page after page."""
+    items: list[Response] = []
+    token = None
+    while True:
+        (page,) = yield from layout.send([layout.list_page(prefix, token)])
+        if isinstance(page, Exception):
+            layout.fail(page, prefix, "ListObjectsV2")
+        items.extend(page.get("Contents", ()))
+        token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        if not token:
+            return items
+
+
+def objects(layout: Layout, state_id: str) -> Steps[list[StoredObject]]:
+    """Every object of a State with its size and role, in key order."""
+    validate_id(state_id)
+    prefix = layout.state_prefix(state_id)
+    snap_key = layout.snapshot_key(state_id)
+    head, listing = yield from layout.send([layout.head(snap_key), layout.list_page(prefix)])
+    generation = None
+    if isinstance(head, Exception):
+        if error_code(head) not in NOT_FOUND_CODES:
+            layout.fail(head, snap_key, "HeadObject")
+    else:
+        generation = head.get("Metadata", {}).get(GENERATION_META)
+    if isinstance(listing, Exception):
+        layout.fail(listing, prefix, "ListObjectsV2")
+    items = list(listing.get("Contents", ()))
+    if listing.get("IsTruncated"):
+        items = yield from list_all(layout, prefix)
+    found = []
+    for item in items:
+        key = item["Key"]
+        parsed = layout.parse_entry_key(state_id, key)
+        seq = parsed[1] if parsed else None
+        if key == snap_key:
+            kind = "snapshot"
+        elif parsed is None:
+            kind = "other"
+        else:
+            kind = "entry" if parsed[0] == generation else "abandoned"
+        found.append(StoredObject(key, int(item["Size"]), kind, seq, item["LastModified"]))
+    return found

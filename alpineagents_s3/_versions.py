@@ -1,0 +1,121 @@
+"""What one S3Store object knows of the States it wrote or read: versions, orphans, pending creates.
+
+A later snapshot is written with ``If-Match`` on the ETag this store object last wrote or read
+(its :class:`Version`), so a second writer is refused instead of overwritten. A read keeps the
+ETag it finds only if it is not the one held already (:meth:`Ledger.remember`).
+
+An *orphan* is an entry object beyond a gap in the seqs: a save whose entries are PUT in parallel
+was stopped halfway (the process was killed), so seq 3 may be stored and seqs 1-2 not. A read
+returns only the unbroken run from seq 0; the orphans are never part of the State, and the next
+write that fills the gap first replaces them (``If-Match`` on their ETags) or removes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from alpineagents_s3._lock import HandoffLock, LockRegistry
+
+
+@dataclass(frozen=True)
+class Version:
+    """What this store object knows of one State.
+
+    Attributes:
+        etag: The ETag of the snapshot this store object last wrote or read: the next snapshot
+            is written with ``If-Match`` on it.
+        generation: That snapshot's generation.
+        gap: The length of the unbroken run of entries from seq 0, as the last read found it.
+        orphans: Entries beyond ``gap`` the last read listed: seq -> ETag.
+        floor: The history length of the State as this store object last read it after another
+            writer changed it. A copy loaded by that read saves from seq ``floor`` on; a save
+            from a lower seq comes from a copy older than the other writer's save, and is
+            refused like a stale ``If-Match``.
+        count: How many entries from seq 0 on are stored, as far as this store object knows;
+            written into the snapshot's metadata, so a reader can tell a listing that missed
+            some.
+        unsure: Tokens of snapshot PUTs that failed without an answer since the last one that
+            landed: S3 may have applied them, so finding one of them stored means "our own".
+    """
+
+    etag: str
+    generation: str
+    gap: int | None = None
+    orphans: Mapping[int, str] = field(default_factory=dict)
+    floor: int = 0
+    count: int | None = None
+    unsure: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class PendingCreate:
+    """A create of this store object whose snapshot PUT failed without a clear answer.
+
+    A later create of the same id reuses its generation and recognises its tokens, so a create
+    that S3 applied but whose answer was lost is not taken for a taken id.
+    """
+
+    generation: str
+    tokens: frozenset[str]
+
+
+@dataclass
+class Ledger:
+    """The Versions and pending creates of one store object, and its per-State locks."""
+
+    versions: dict[str, Version] = field(default_factory=dict)
+    pending_creates: dict[str, PendingCreate] = field(default_factory=dict)
+    locks: LockRegistry = field(default_factory=LockRegistry)
+
+    def lock(self, state_id: str) -> HandoffLock:
+        """The lock that keeps this store object's orphan clearing of one State exclusive."""
+        return self.locks.get(state_id)
+
+    def remember(
+        self, state_id: str, held: Version | None, read: Version, gap: int, orphans: dict[int, str]
+    ) -> None:
+        """Record what a read found as the Version of the State.
+
+        ``held`` is the Version when the read began. A write or read of this store object that
+        finished meanwhile wins: its knowledge is newer. The same snapshot as ``held`` keeps
+        the baseline and floor (a monitor's ``load`` of a running State changes nothing) and
+        only updates the orphans. A different snapshot (another writer saved the State, or this
+        store object meets it first) becomes the baseline, for the copy this read loads, with
+        ``floor`` at its history length: the save of an older copy is refused.
+        """
+        if self.versions.get(state_id) is not held:
+            return
+        if held is not None and (held.etag, held.generation) == (read.etag, read.generation):
+            self.versions[state_id] = replace(held, gap=gap, orphans=orphans, count=gap)
+        else:
+            self.versions[state_id] = replace(read, gap=gap, orphans=orphans, floor=gap, count=gap)
+
+    def stored(self, state_id: str, seqs: set[int]) -> None:
+        """Record that the entries ``seqs`` are stored: no longer orphans, counted.
+
+        A new Version object: a read that began before these PUTs landed does not record what
+        it listed (it could take them for orphans).
+        """
+        current = self.versions.get(state_id)
+        if current is None or not seqs:
+            return
+        self.versions[state_id] = replace(
+            current,
+            orphans={k: v for k, v in current.orphans.items() if k not in seqs},
+            count=max(current.count or 0, max(seqs) + 1),
+        )
+
+
+def first_seq(entries: Sequence[dict[str, Any]]) -> int:
+    """The lowest seq of a non-empty list of entries."""
+    return min(int(entry["seq"]) for entry in entries)
+
+
+def unbroken_run(seqs: Mapping[int, Any]) -> int:
+    """How many seqs from 0 on ``seqs`` has without a hole."""
+    seq = 0
+    while seq in seqs:
+        seq += 1
+    return seq

@@ -1,0 +1,770 @@
+"""The S3 protocol's decisions, driven step by step against an in-memory bucket, no server.
+
+Each store operation is a generator of steps (``alpineagents_s3._steps``). The scripted driver
+here answers its calls from :class:`FakeBucket`, a bucket in a dict that honours the conditional
+headers S3Store sends, and lets a test change the answers: an error instead of the response, a
+request S3 applied whose answer was lost, a listing taken before another writer's PUTs, another
+writer's save between two batches. So 409s, lost answers, orphans and baseline races are checked
+in milliseconds. What only a server shows (botocore's retries, real ETags, aiohttp) stays with
+the moto and LocalStack tests.
+
+This module is long because the fake bucket lives with the tests that depend on its details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+
+from alpineagents_s3 import (
+    BucketNotFoundError,
+    ConcurrentWriteError,
+    ConditionalWritesUnsupportedError,
+    CorruptStateError,
+    S3AccessDeniedError,
+    S3StoreError,
+    StateExistsError,
+    _contract,
+)
+from alpineagents_s3 import _steps as steps_module
+from alpineagents_s3._deleting import check_deletes, delete
+from alpineagents_s3._layout import ENTRIES_META, GENERATION_META, Layout
+from alpineagents_s3._lock import HandoffLock
+from alpineagents_s3._reading import list_states, read
+from alpineagents_s3._steps import Batch, Call, Hold, Outcome, Release, Steps
+from alpineagents_s3._sync import SyncDriver
+from alpineagents_s3._translate import Fault, Where, translate, translate_fault
+from alpineagents_s3._versions import Ledger
+from alpineagents_s3._writing import write
+
+ROOT = "runs/"
+
+
+def client_error(code: str, status: int, operation: str = "PutObject") -> ClientError:
+    response: Any = {
+        "Error": {"Code": code, "Message": f"{code} (scripted)"},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
+    return ClientError(response, operation)
+
+
+def lost() -> Exception:
+    """What the client raises when S3's answer never arrives."""
+    return ReadTimeoutError(endpoint_url="http://fake")
+
+
+@dataclass
+class Stored:
+    body: bytes
+    etag: str
+    metadata: dict[str, str]
+    modified: datetime
+
+
+@dataclass
+class Rule:
+    """Answer calls that match with ``outcome`` (after applying the call, if ``applied``)."""
+
+    matches: Callable[[Call], bool]
+    outcome: Callable[[Call], Outcome]
+    times: int = 1
+    applied: bool = False
+
+
+@dataclass
+class FakeBucket:
+    """One bucket in memory, answering S3Store's calls as S3 does, conditional headers included.
+
+    Its methods have the boto3 client's names (a real ``SyncDriver`` can use it as its client);
+    :meth:`answer` is the scripted driver's entry: the outcome of one call, rules first.
+    """
+
+    objects: dict[str, Stored] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, call: Call) -> Outcome:
+        with self.guard:
+            self.calls.append(call)
+            for rule in self.rules:
+                if rule.times and rule.matches(call):
+                    rule.times -= 1
+                    if rule.applied:
+                        self._outcome(call)
+                    return rule.outcome(call)
+            return self._outcome(call)
+
+    def _outcome(self, call: Call) -> Outcome:
+        try:
+            response: dict[str, Any] = getattr(self, call.method)(**call.params)
+        except ClientError as e:
+            return e
+        if isinstance(response.get("Body"), io.BytesIO):
+            response["Body"] = response["Body"].getvalue()
+        return response
+
+    # The client's methods ----------------------------------------------------------------
+
+    def put_object(
+        self,
+        Key: str,
+        Body: bytes,
+        IfNoneMatch: str | None = None,
+        IfMatch: str | None = None,
+        Metadata: dict[str, str] | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        current = self.objects.get(Key)
+        if IfNoneMatch == "*" and current is not None:
+            raise client_error("PreconditionFailed", 412)
+        if IfMatch is not None:
+            if current is None:
+                raise client_error("NoSuchKey", 404)
+            if current.etag != IfMatch:
+                raise client_error("PreconditionFailed", 412)
+        etag = f'"{hashlib.md5(Body).hexdigest()}"'
+        self.objects[Key] = Stored(Body, etag, dict(Metadata or {}), datetime.now(UTC))
+        return {"ETag": etag}
+
+    def get_object(self, Key: str, **_: Any) -> dict[str, Any]:
+        stored = self.objects.get(Key)
+        if stored is None:
+            raise client_error("NoSuchKey", 404, "GetObject")
+        return {
+            "Body": io.BytesIO(stored.body),
+            "ETag": stored.etag,
+            "Metadata": dict(stored.metadata),
+        }
+
+    def head_object(self, Key: str, **_: Any) -> dict[str, Any]:
+        stored = self.objects.get(Key)
+        if stored is None:
+            raise client_error("404", 404, "HeadObject")
+        return {"ETag": stored.etag, "Metadata": dict(stored.metadata)}
+
+    def list_objects_v2(
+        self,
+        Prefix: str,
+        MaxKeys: int = 1000,
+        ContinuationToken: str | None = None,
+        StartAfter: str | None = None,
+        Delimiter: str | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        after = ContinuationToken or StartAfter or ""
+        names: list[str] = []
+        for key in sorted(k for k in self.objects if k.startswith(Prefix) and k > after):
+            if Delimiter and Delimiter in key[len(Prefix) :]:
+                key = key[: key.index(Delimiter, len(Prefix)) + 1]
+            if key not in names:
+                names.append(key)
+        page, more = names[:MaxKeys], len(names) > MaxKeys
+        response: dict[str, Any] = {
+            "Prefix": Prefix,
+            "IsTruncated": more,
+            "Contents": [
+                {
+                    "Key": k,
+                    "ETag": self.objects[k].etag,
+                    "Size": len(self.objects[k].body),
+                    "LastModified": self.objects[k].modified,
+                }
+                for k in page
+                if k in self.objects
+            ],
+            "CommonPrefixes": [{"Prefix": k} for k in page if k not in self.objects],
+        }
+        if more:
+            # The fake's token is the last name of the page (S3's is opaque).
+            last = page[-1]
+            response["NextContinuationToken"] = last + "\uffff" if last.endswith("/") else last
+        return response
+
+    def delete_object(self, Key: str, **_: Any) -> dict[str, Any]:
+        self.objects.pop(Key, None)
+        return {}
+
+    def delete_objects(self, Delete: dict[str, Any], **_: Any) -> dict[str, Any]:
+        for item in Delete["Objects"]:
+            self.objects.pop(item["Key"], None)
+        return {"Deleted": Delete["Objects"]}
+
+    # For tests -----------------------------------------------------------------------------
+
+    def keys(self, contains: str = "") -> list[str]:
+        return sorted(k for k in self.objects if contains in k)
+
+    def made(self, method: str, **params: Any) -> list[Call]:
+        """The calls of ``method`` whose parameters include ``params``."""
+        return [
+            c
+            for c in self.calls
+            if c.method == method and all(c.params.get(k) == v for k, v in params.items())
+        ]
+
+
+def run(
+    steps: Steps[Any],
+    bucket: FakeBucket,
+    before: Callable[[int, Sequence[Call]], None] | None = None,
+) -> Any:
+    """The scripted driver: answer each batch from ``bucket``; ``before(n, calls)`` runs first.
+
+    Holds and releases locks like the real drivers (a lock held elsewhere is a test error: this
+    driver runs in one thread). Delays are recorded, not slept.
+    """
+    held: list[HandoffLock] = []
+    batches = 0
+    try:
+        step = next(steps)
+        while True:
+            outcomes: list[Outcome] = []
+            if isinstance(step, Hold):
+                assert not step.lock.locked, "the scripted driver would wait forever"
+                step.lock.acquire()
+                held.append(step.lock)
+            elif isinstance(step, Release):
+                held.remove(step.lock)
+                step.lock.release()
+            else:
+                if before is not None:
+                    before(batches, step.calls)
+                batches += 1
+                if step.delay:
+                    bucket.calls.append(Call("(delay)", {"seconds": step.delay}))
+                outcomes = [bucket.answer(call) for call in step.calls]
+            step = steps.send(outcomes)
+    except StopIteration as done:
+        return done.value
+    finally:
+        steps.close()
+        for lock in held:
+            lock.release()
+
+
+def entries(first: int, last: int, tag: str = "") -> list[dict[str, Any]]:
+    """History entries ``first`` to ``last - 1``; ``tag`` tells one writer's from another's."""
+    return [{"seq": s, "kind": "user", "data": {"text": f"m{s}{tag}"}} for s in range(first, last)]
+
+
+def snapshot(n: int, tag: str = "") -> dict[str, Any]:
+    return {"v": 1, "entries": n, "tag": tag}
+
+
+@dataclass
+class Writer:
+    """One store object: the layout every store object shares, and a ledger of its own."""
+
+    bucket: FakeBucket
+    ledger: Ledger = field(default_factory=Ledger)
+    layout: Layout = field(default_factory=lambda: Layout("b", ROOT, "http://fake"))
+
+    def write(
+        self,
+        state_id: str,
+        new: list[dict[str, Any]],
+        small: dict[str, Any] | None,
+        create: bool = False,
+        before: Callable[[int, Sequence[Call]], None] | None = None,
+    ) -> None:
+        run(write(self.layout, self.ledger, state_id, new, small, create), self.bucket, before)
+
+    def read(
+        self, state_id: str, before: Callable[[int, Sequence[Call]], None] | None = None
+    ) -> Any:
+        return run(read(self.layout, self.ledger, state_id), self.bucket, before)
+
+
+@pytest.fixture
+def bucket() -> FakeBucket:
+    return FakeBucket()
+
+
+def texts(record: Any) -> list[str]:
+    return [entry["data"]["text"] for entry in record.entries]
+
+
+def snapshot_key(state_id: str) -> str:
+    return f"{ROOT}{state_id}/snapshot.json"
+
+
+def is_snapshot_put(call: Call, header: str) -> bool:
+    return (
+        call.method == "put_object"
+        and call.params["Key"].endswith("snapshot.json")
+        and header in call.params
+    )
+
+
+# 409 ConditionalRequestConflict ------------------------------------------------------------
+
+
+def test_a_409_is_sent_again_after_a_backoff_and_the_save_lands(bucket: FakeBucket) -> None:
+    bucket.rules.append(
+        Rule(
+            lambda c: is_snapshot_put(c, "IfNoneMatch"),
+            lambda c: client_error("ConditionalRequestConflict", 409),
+            times=2,
+        )
+    )
+    Writer(bucket).write("s", entries(0, 2), snapshot(2), create=True)
+    delays = [c.params["seconds"] for c in bucket.calls if c.method == "(delay)"]
+    assert len(delays) == 2 and all(0 <= d <= steps_module.CONFLICT_BACKOFF * 4 for d in delays)
+    assert len(bucket.made("put_object", Key=snapshot_key("s"))) == 3
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1"]
+
+
+def test_409s_that_never_end_are_a_concurrent_write_error(bucket: FakeBucket) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    bucket.rules.append(
+        Rule(
+            lambda c: is_snapshot_put(c, "IfMatch"),
+            lambda c: client_error("ConditionalRequestConflict", 409),
+            times=99,
+        )
+    )
+    with pytest.raises(ConcurrentWriteError, match=r"409 .* after 6 attempts"):
+        writer.write("s", entries(1, 2), snapshot(2))
+    assert len(bucket.made("put_object", Key=snapshot_key("s"))) == 1 + 6
+
+
+# Lost answers ---------------------------------------------------------------------------------
+
+
+def test_a_create_applied_but_unanswered_is_recognised_when_tried_again(
+    bucket: FakeBucket,
+) -> None:
+    writer = Writer(bucket)
+    bucket.rules.append(
+        Rule(lambda c: is_snapshot_put(c, "IfNoneMatch"), lambda c: lost(), applied=True)
+    )
+    with pytest.raises(S3StoreError, match=r"PutObject s3://b/runs/s/snapshot.json failed"):
+        writer.write("s", entries(0, 2), snapshot(2, "first try"), create=True)
+    # The same store object tries again: its own snapshot is found, not "the id is taken".
+    writer.write("s", entries(0, 2), snapshot(2, "second try"), create=True)
+    stored = json.loads(bucket.objects[snapshot_key("s")].body)
+    assert stored["tag"] == "second try"
+    generations = {k.split("/")[3] for k in bucket.keys("/entries/")}
+    assert len(generations) == 1  # the retry reused the first attempt's generation
+    # Another store object's create of that id is refused, and leaves nothing behind.
+    before = bucket.keys()
+    with pytest.raises(StateExistsError, match=r"already has a State with id 's'"):
+        Writer(bucket).write("s", entries(0, 1, "other"), snapshot(1), create=True)
+    assert bucket.keys() == before
+
+
+def test_a_create_whose_retry_got_412_is_taken_as_ours(bucket: FakeBucket) -> None:
+    # botocore sent the PUT again after the first answer was lost: S3 says 412 to the retry.
+    bucket.rules.append(
+        Rule(
+            lambda c: is_snapshot_put(c, "IfNoneMatch"),
+            lambda c: client_error("PreconditionFailed", 412),
+            applied=True,
+        )
+    )
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    writer.write("s", entries(1, 2), snapshot(2))  # If-Match on the ETag it recognised
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1"]
+
+
+def test_an_update_applied_but_unanswered_does_not_look_like_a_second_writer(
+    bucket: FakeBucket,
+) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    bucket.rules.append(
+        Rule(lambda c: is_snapshot_put(c, "IfMatch"), lambda c: lost(), applied=True)
+    )
+    with pytest.raises(S3StoreError, match="ReadTimeoutError|timeout"):
+        writer.write("s", entries(1, 2), snapshot(2))
+    writer.write("s", entries(2, 3), snapshot(3))  # 412, then its own token is found
+    assert json.loads(bucket.objects[snapshot_key("s")].body) == snapshot(3)
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2"]
+
+
+def test_an_update_whose_retry_got_412_lands_in_the_same_save(bucket: FakeBucket) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    bucket.rules.append(
+        Rule(
+            lambda c: is_snapshot_put(c, "IfMatch"),
+            lambda c: client_error("PreconditionFailed", 412),
+            applied=True,
+        )
+    )
+    writer.write("s", entries(1, 2), snapshot(2))
+    assert json.loads(bucket.objects[snapshot_key("s")].body) == snapshot(2)
+
+
+def test_an_entry_put_applied_but_unanswered_is_skipped_on_the_next_save(
+    bucket: FakeBucket,
+) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    bucket.rules.append(
+        Rule(
+            lambda c: c.method == "put_object" and c.params["Key"].endswith("0000000001.json"),
+            lambda c: lost(),
+            applied=True,
+        )
+    )
+    with pytest.raises(S3StoreError):
+        writer.write("s", entries(1, 2), snapshot(2))
+    writer.write("s", entries(1, 3), snapshot(3))  # seq 1 is stored: 412, same body, skipped
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2"]
+
+
+# Second writers -------------------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_and_nothing_it_saved_is_overwritten(
+    bucket: FakeBucket,
+) -> None:
+    first, second = Writer(bucket), Writer(bucket)
+    first.write("s", entries(0, 1), snapshot(1), create=True)
+    assert texts(second.read("s")) == ["m0"]
+    second.write("s", entries(1, 2, "B"), snapshot(2, "B"))
+    with pytest.raises(ConcurrentWriteError, match=r"another writer .* store.load\('s'\)"):
+        first.write("s", [], snapshot(1, "A"))  # If-Match on the ETag it wrote: 412
+    with pytest.raises(ConcurrentWriteError):  # and every later save of that copy
+        first.write("s", entries(1, 2, "A"), snapshot(2, "A"))
+    assert json.loads(bucket.objects[snapshot_key("s")].body)["tag"] == "B"
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1B"]
+
+
+def test_an_entry_stored_with_another_body_names_its_key(bucket: FakeBucket) -> None:
+    first = Writer(bucket)
+    first.write("s", entries(0, 1), snapshot(1), create=True)
+    Writer(bucket).read("s")
+    second = Writer(bucket)
+    second.read("s")
+    second.write("s", entries(1, 2, "B"), None)  # entries only: the snapshot stays
+    with pytest.raises(ConcurrentWriteError, match=r"runs/s/entries/.*/0000000001.json already"):
+        first.write("s", entries(1, 2, "A"), snapshot(2))
+
+
+def test_an_older_copy_loaded_before_another_writers_save_is_refused(bucket: FakeBucket) -> None:
+    monitor, other = Writer(bucket), Writer(bucket)
+    other.write("s", entries(0, 2), snapshot(2), create=True)
+    monitor.read("s")  # copy 1: two entries
+    other.write("s", entries(2, 4, "B"), snapshot(4, "B"))
+    monitor.read("s")  # copy 2: four entries, the baseline moves, floor 4
+    with pytest.raises(ConcurrentWriteError, match="continues from entry 2"):
+        monitor.write("s", entries(2, 3, "old copy"), snapshot(3))
+    monitor.write("s", entries(4, 5, "new copy"), snapshot(5))
+    assert texts(Writer(bucket).read("s"))[-1] == "m4new copy"
+
+
+def test_a_read_that_races_its_own_store_objects_write_keeps_the_newer_version(
+    bucket: FakeBucket,
+) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 2), snapshot(2), create=True)
+
+    def save_meanwhile(batch: int, calls: Sequence[Call]) -> None:
+        if batch == 1:  # after the read's snapshot GET and listing, before its entry GETs
+            writer.write("s", entries(2, 3), snapshot(3))
+
+    record = writer.read("s", before=save_meanwhile)
+    assert len(record.entries) == 2  # what the read saw
+    # The read did not take the older snapshot for the baseline: the next save lands.
+    writer.write("s", entries(3, 4), snapshot(4))
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2", "m3"]
+
+
+# Orphans and listings -----------------------------------------------------------------------
+
+
+def plant_orphans(bucket: FakeBucket, writer: Writer, state_id: str, seqs: list[int]) -> str:
+    """Entry objects beyond a gap, as a save killed during its parallel PUTs leaves them."""
+    generation = bucket.objects[snapshot_key(state_id)].metadata[GENERATION_META]
+    for entry in entries(0, max(seqs) + 1, "killed"):
+        if entry["seq"] in seqs:
+            key = writer.layout.entry_key(state_id, generation, entry["seq"])
+            bucket.put_object(Key=key, Body=json.dumps(entry).encode())
+    return generation
+
+
+def test_orphans_are_left_out_then_replaced_or_removed_by_the_next_save(
+    bucket: FakeBucket,
+) -> None:
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    writer = Writer(bucket)
+    generation = plant_orphans(bucket, writer, "s", [2, 3])
+    assert texts(writer.read("s")) == ["m0"]  # seq 1 is missing: 2 and 3 are orphans
+    writer.write("s", entries(1, 3), snapshot(3))
+    orphan_2 = writer.layout.entry_key("s", generation, 2)
+    replaced = bucket.made("put_object", Key=orphan_2)
+    assert [c.params.get("IfMatch") is not None for c in replaced] == [True]
+    deleted = [
+        o["Key"] for c in bucket.made("delete_objects") for o in c.params["Delete"]["Objects"]
+    ]
+    assert deleted == [writer.layout.entry_key("s", generation, 3)]
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2"]
+
+
+def test_an_orphan_replaced_by_someone_else_meanwhile_is_a_second_writer(
+    bucket: FakeBucket,
+) -> None:
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    writer = Writer(bucket)
+    generation = plant_orphans(bucket, writer, "s", [2])
+    writer.read("s")
+    key = writer.layout.entry_key("s", generation, 2)
+    bucket.put_object(Key=key, Body=json.dumps(entries(2, 3, "C")[0]).encode())  # new ETag
+    with pytest.raises(ConcurrentWriteError, match="0000000002.json already holds"):
+        writer.write("s", entries(1, 3), snapshot(3))
+
+
+def test_clearing_orphans_holds_the_states_lock_and_releases_it(bucket: FakeBucket) -> None:
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    writer = Writer(bucket)
+    plant_orphans(bucket, writer, "s", [2])
+    writer.read("s")
+    seen: list[type] = []
+    generator = write(writer.layout, writer.ledger, "s", entries(1, 2), snapshot(2), False)
+    outcomes: list[Outcome] = []
+    try:
+        while True:
+            step = generator.send(outcomes) if seen else next(generator)
+            seen.append(type(step))
+            if isinstance(step, Hold | Release):
+                outcomes = []
+                assert step.lock is writer.ledger.lock("s")
+            else:
+                assert isinstance(step, Batch)
+                outcomes = [bucket.answer(c) for c in step.calls]
+    except StopIteration:
+        pass
+    assert seen.count(Hold) == 1 and seen.count(Release) == 1
+    assert seen.index(Hold) < seen.index(Release)
+
+
+def test_a_write_waits_for_the_lock_another_thread_holds(bucket: FakeBucket) -> None:
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    writer = Writer(bucket)
+    plant_orphans(bucket, writer, "s", [2])
+    writer.read("s")
+    driver = SyncDriver(lambda: bucket, 4, client=bucket)
+    lock = writer.ledger.lock("s")
+    lock.acquire()
+    done = threading.Event()
+
+    def save() -> None:
+        driver.run(write(writer.layout, writer.ledger, "s", entries(1, 2), snapshot(2), False))
+        done.set()
+
+    thread = threading.Thread(target=save)
+    thread.start()
+    time.sleep(0.2)
+    assert not done.is_set() and not bucket.made("delete_objects")
+    lock.release()
+    thread.join(5)
+    assert done.is_set() and not lock.locked
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1"]
+
+
+def test_a_failure_while_clearing_releases_the_lock(bucket: FakeBucket) -> None:
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    writer = Writer(bucket)
+    plant_orphans(bucket, writer, "s", [3])
+    writer.read("s")
+    bucket.rules.append(
+        Rule(lambda c: c.method == "delete_objects", lambda c: client_error("AccessDenied", 403))
+    )
+    with pytest.raises(S3AccessDeniedError, match="DeleteObjects s3://b/runs/s/entries/"):
+        writer.write("s", entries(1, 2), snapshot(2))
+    assert not writer.ledger.lock("s").locked
+
+
+def test_a_read_lists_again_when_the_snapshot_counts_entries_it_missed(
+    bucket: FakeBucket,
+) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 2), snapshot(2), create=True)
+    # The listing is answered as it was before the writer's next save...
+    stale = bucket.list_objects_v2(Prefix=f"{ROOT}s/entries/")
+    bucket.rules.append(
+        Rule(
+            lambda c: c.method == "list_objects_v2" and "StartAfter" not in c.params,
+            lambda c: stale,
+        )
+    )
+    writer.write("s", entries(2, 4), snapshot(4))  # ...and the snapshot GET after it
+    assert bucket.objects[snapshot_key("s")].metadata[ENTRIES_META] == "4"
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2", "m3"]
+    relisted = [c for c in bucket.made("list_objects_v2") if "StartAfter" in c.params]
+    assert len(relisted) == 1 and relisted[0].params["StartAfter"].endswith("0000000001.json")
+
+
+def test_entries_missing_below_the_snapshots_count_are_corrupt(bucket: FakeBucket) -> None:
+    Writer(bucket).write("s", entries(0, 3), snapshot(3), create=True)
+    (middle,) = bucket.keys("0000000001.json")
+    del bucket.objects[middle]
+    with pytest.raises(CorruptStateError, match=r"accounts for 3 history entries, but .* holds 1"):
+        Writer(bucket).read("s")
+
+
+def test_a_listing_of_many_pages_is_followed(
+    bucket: FakeBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The core's own summary needs the core's snapshot; these snapshots are the fake's.
+    monkeypatch.setattr(
+        _contract,
+        "summarize",
+        lambda state_id, small: SimpleNamespace(id=state_id, updated_at=None),
+    )
+    writer = Writer(bucket)
+    for n in range(5):
+        writer.write(f"s{n}", entries(0, 1), snapshot(1), create=True)
+    bucket.put_object(Key=f"{ROOT}not an id!/snapshot.json", Body=b"{}")
+    small_pages = Rule(
+        lambda c: c.method == "list_objects_v2",
+        lambda c: bucket.list_objects_v2(**{**c.params, "MaxKeys": 2}),
+        times=99,
+    )
+    bucket.rules.append(small_pages)
+    summaries = run(list_states(writer.layout), bucket)
+    assert sorted(s.id for s in summaries) == [f"s{n}" for n in range(5)]
+    assert len(bucket.made("list_objects_v2", Delimiter="/")) == 3
+
+
+def test_delete_removes_the_snapshot_before_the_entries(bucket: FakeBucket) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 3), snapshot(3), create=True)
+    bucket.calls.clear()
+    run(delete(writer.layout, writer.ledger, "s"), bucket)
+    methods = [c.method for c in bucket.calls]
+    assert methods == ["list_objects_v2", "delete_object", "delete_objects"]
+    assert bucket.calls[1].params["Key"] == snapshot_key("s")
+    assert bucket.keys() == []
+
+
+# Error translation ----------------------------------------------------------------------------
+
+WHERE = Where("PutObject", "s3://b/runs/k", "b", "http://fake", "s3://b/runs/", "If-Match: x")
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "conditions", "error", "says"),
+    [
+        ("NoSuchBucket", 404, "", BucketNotFoundError, "the bucket 'b' does not exist"),
+        ("AccessDenied", 403, "", S3AccessDeniedError, "s3:PutObject"),
+        ("Whatever", 403, "", S3AccessDeniedError, "s3:ListBucket on the bucket 'b'"),
+        ("ExpiredToken", 400, "", S3AccessDeniedError, "check the credentials"),
+        ("ConditionalRequestConflict", 409, "", ConcurrentWriteError, "409"),
+        ("NotImplemented", 501, "If-Match: x", ConditionalWritesUnsupportedError, "If-Match"),
+        ("NotImplemented", 501, "", S3StoreError, "NotImplemented (HTTP 501)"),
+        ("InternalError", 500, "", S3StoreError, "after botocore's retries"),
+    ],
+)
+def test_each_s3_answer_becomes_the_error_the_table_says(
+    code: str, status: int, conditions: str, error: type[Exception], says: str
+) -> None:
+    where = Where("PutObject", "s3://b/runs/k", "b", "http://fake", "s3://b/runs/", conditions)
+    raised = translate(client_error(code, status), where)
+    assert type(raised) is error
+    assert "PutObject s3://b/runs/k" in str(raised) and says in str(raised)
+
+
+def test_client_side_failures_name_what_to_do() -> None:
+    assert "AWS_ACCESS_KEY_ID" in str(translate(NoCredentialsError(), WHERE))
+    unreachable = translate(EndpointConnectionError(endpoint_url="http://fake"), WHERE)
+    assert "cannot connect to http://fake" in str(unreachable)
+    assert "ValueError: odd" in str(translate(ValueError("odd"), WHERE))
+
+
+def test_a_key_that_delete_objects_could_not_remove_is_named() -> None:
+    layout = Layout("b", ROOT, "http://fake")
+    keys = [f"{ROOT}s/entries/g/{n:010d}.json" for n in range(3)]
+    answer = {"Errors": [{"Key": keys[1], "Code": "AccessDenied", "Message": "no"}]}
+    with pytest.raises(S3AccessDeniedError, match=r"1 of 3 keys failed\) s3://b/runs/s/.*01.json"):
+        check_deletes(layout, keys, [answer], required=True)
+    check_deletes(layout, keys, [answer], required=False)  # logged only
+    fault = Fault("SlowDown", None, "slow")
+    assert "SlowDown (HTTP None)" in str(translate_fault(fault, WHERE))
+
+
+# The lock -------------------------------------------------------------------------------------
+
+
+def test_the_lock_serves_threads_in_order() -> None:
+    lock = HandoffLock()
+    lock.acquire()
+    order: list[int] = []
+    threads = []
+    for n in range(3):
+        thread = threading.Thread(
+            target=lambda n=n: (lock.acquire(), order.append(n), lock.release())
+        )
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.05)  # queued in this order
+    assert order == []
+    lock.release()
+    for thread in threads:
+        thread.join(5)
+    assert order == [0, 1, 2] and not lock.locked
+    with pytest.raises(RuntimeError, match="not held"):
+        lock.release()
+
+
+async def test_the_lock_serves_tasks_and_threads_and_survives_cancellation() -> None:
+    lock = HandoffLock()
+    await lock.aacquire()
+    got: list[str] = []
+
+    async def task(name: str) -> None:
+        await lock.aacquire()
+        got.append(name)
+        lock.release()
+
+    first = asyncio.create_task(task("first"))
+    cancelled = asyncio.create_task(task("cancelled"))
+    await asyncio.sleep(0.01)
+    cancelled.cancel()  # leaves the queue without taking the lock
+    thread = threading.Thread(target=lambda: (lock.acquire(), got.append("thread"), lock.release()))
+    thread.start()
+    await asyncio.sleep(0.05)
+    lock.release()
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await asyncio.to_thread(thread.join, 5)
+    assert got == ["first", "thread"] and not lock.locked
+
+
+async def test_a_task_cancelled_as_the_lock_is_handed_to_it_hands_it_on() -> None:
+    lock = HandoffLock()
+    await lock.aacquire()
+    waiter = asyncio.create_task(lock.aacquire())
+    after = asyncio.create_task(lock.aacquire())
+    await asyncio.sleep(0.01)
+    lock.release()  # handed to ``waiter``, which is cancelled before it runs
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await asyncio.wait_for(after, 5)  # the lock went on to the next waiter
+    assert lock.locked
+    lock.release()
+    assert not lock.locked
