@@ -13,8 +13,8 @@ from alpineagents_s3 import _contract
 from alpineagents_s3._codec import validate_id
 from alpineagents_s3._layout import PAGE, Layout
 from alpineagents_s3._reading import list_all
-from alpineagents_s3._steps import Outcome, Steps
-from alpineagents_s3._translate import Fault, translate_fault
+from alpineagents_s3._steps import Outcome, Steps, error_code
+from alpineagents_s3._translate import NOT_FOUND_CODES, Fault, translate_fault
 from alpineagents_s3._versions import Ledger
 from alpineagents_s3.errors import S3StoreError
 
@@ -22,27 +22,33 @@ logger = logging.getLogger("alpineagents_s3")
 
 
 def delete(layout: Layout, ledger: Ledger, state_id: str) -> Steps[None]:
-    """List every object of the State, delete the snapshot, then the rest in batches.
+    """Delete the snapshot, then list and delete every other object of the State.
+
+    Listing after the snapshot is gone closes a race with a writer of the State: an entry PUT
+    that the listing misses came after the snapshot was deleted, so that writer's check of the
+    snapshot (``_writing``) finds it gone, removes the entry and raises ``StateNotFoundError``.
 
     An unknown id raises ``StateNotFoundError`` where the installed core says so (this
     repository's core), and does nothing where its contract says that (published alpineagents).
     """
     validate_id(state_id)
     prefix = layout.state_prefix(state_id)
-    keys = [item["Key"] for item in (yield from list_all(layout, prefix))]
     snap_key = layout.snapshot_key(state_id)
     ledger.versions.pop(state_id, None)
-    if snap_key not in keys:
-        if keys:  # leftovers of a create that did not finish
-            yield from delete_keys(layout, keys, required=False)
-        if _contract.DELETE_OF_UNKNOWN_RAISES:
-            raise layout.not_found(state_id)
-        return  # the published contract: "does nothing if the id does not exist"
-    (outcome,) = yield from layout.send([layout.delete(snap_key)])
-    if isinstance(outcome, Exception):
-        layout.fail(outcome, snap_key, "DeleteObject")
-    yield from delete_keys(layout, [k for k in keys if k != snap_key], required=True)
-    logger.debug("deleted %s: %d objects", layout.url(prefix), len(keys))
+    (head,) = yield from layout.send([layout.head(snap_key)])
+    exists = not isinstance(head, Exception)
+    if isinstance(head, Exception) and error_code(head) not in NOT_FOUND_CODES:
+        layout.fail(head, snap_key, "HeadObject")
+    if exists:
+        (outcome,) = yield from layout.send([layout.delete(snap_key)])
+        if isinstance(outcome, Exception):
+            layout.fail(outcome, snap_key, "DeleteObject")
+    keys = [item["Key"] for item in (yield from list_all(layout, prefix))]
+    # Without a snapshot, what is left is a create that did not finish: removed if possible.
+    yield from delete_keys(layout, keys, required=exists)
+    if not exists and _contract.DELETE_OF_UNKNOWN_RAISES:
+        raise layout.not_found(state_id)
+    logger.debug("deleted %s: %d objects", layout.url(prefix), len(keys) + exists)
 
 
 def delete_keys(layout: Layout, keys: Iterable[str], *, required: bool) -> Steps[None]:

@@ -10,7 +10,13 @@ token chosen when a State is created: entries are written under it before the sn
 it, so entries of a create that lost a race (or died before its snapshot) never mix with the
 winner's. The snapshot's metadata names the generation, the PUT that wrote it (a random token, so
 a PUT whose answer was lost is recognised as our own), the layout version, and how many entries
-from seq 0 on were stored when it was written.
+from seq 0 on were stored when it was written: those entries are part of the State. An entry's
+metadata names the *base* of its writer, the ETag of the snapshot that writer had last written or
+read. An entry beyond the snapshot's count is part of the State only if its base is the stored
+snapshot's ETag: it was saved on top of that snapshot (a tool result saved alone). An entry saved
+on top of an older snapshot belongs to a writer that lost a race or held a stale copy; its
+snapshot PUT (``If-Match`` on that older ETag) can never land, so no reader replays it and the
+next writer replaces it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ WRITE_META: Final = "alpineagents-write"
 LAYOUT_META: Final = "alpineagents-layout"
 LAYOUT: Final = 1
 ENTRIES_META: Final = "alpineagents-entries"
+# On an entry: the ETag of the snapshot its writer had last written or read ("-" in a create).
+BASE_META: Final = "alpineagents-base"
+CREATE_BASE: Final = "-"
+# The base of an entry of a refused save: on top of no snapshot, so never replayed.
+REFUSED_BASE: Final = "refused"
 # S3 lists at most 1,000 keys a page and deletes at most 1,000 keys a request.
 PAGE: Final = 1000
 
@@ -131,6 +142,19 @@ class Layout:
         }
         return Call("put_object", params)
 
+    def entry_put(
+        self,
+        state_id: str,
+        generation: str,
+        seq: int,
+        body: bytes,
+        base: str,
+        **conditions: Any,
+    ) -> Call:
+        """An entry PUT: its metadata names the snapshot its writer worked from."""
+        key = self.entry_key(state_id, generation, seq)
+        return self.put(key, body, Metadata={BASE_META: base}, **conditions)
+
     def snapshot_put(
         self,
         state_id: str,
@@ -150,9 +174,9 @@ class Layout:
         """A GetObject."""
         return Call("get_object", {"Bucket": self.bucket, "Key": key})
 
-    def head(self, key: str) -> Call:
-        """A HeadObject."""
-        return Call("head_object", {"Bucket": self.bucket, "Key": key})
+    def head(self, key: str, **conditions: Any) -> Call:
+        """A HeadObject (``IfMatch=etag``: 412 unless the object still has that ETag)."""
+        return Call("head_object", {"Bucket": self.bucket, "Key": key, **conditions})
 
     def list_page(self, prefix: str, token: str | None = None, **extra: Any) -> Call:
         """One page (1,000 keys) of ListObjectsV2 under ``prefix``."""

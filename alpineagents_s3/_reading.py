@@ -18,7 +18,7 @@ from typing import Any
 from alpineagents_s3 import _contract
 from alpineagents_s3._codec import loads_entry, loads_snapshot, validate_id
 from alpineagents_s3._contract import Record, Summary
-from alpineagents_s3._layout import GENERATION_META, Layout, StoredSnapshot
+from alpineagents_s3._layout import BASE_META, GENERATION_META, Layout, StoredSnapshot
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES
 from alpineagents_s3._versions import Ledger, Version, unbroken_run
@@ -28,6 +28,14 @@ logger = logging.getLogger("alpineagents_s3")
 
 # How often a read lists again when the snapshot accounts for more entries than it found.
 RELISTS = 3
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """An entry object as read: the entry, and the base its writer named (``None``: not named)."""
+
+    entry: dict[str, Any]
+    base: str | None
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
     stored = layout.stored_snapshot(state_id, snap_out)
     generation = stored.meta.generation
     listed: dict[int, tuple[str, str]] = {}
-    entries: dict[int, dict[str, Any]] = {}
+    entries: dict[int, Fetched] = {}
     yield from scan(layout, state_id, generation, page, listed, entries)
 
     # A writer may have added entries between our listing and our snapshot GET.
@@ -96,6 +104,8 @@ def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
             "were deleted or moved. Restore them from a bucket version, or delete the State"
         )
 
+    # Beyond the count, only entries saved on top of this very snapshot are the State's.
+    gap = _vouched(entries, covered or 0, stored.etag, gap)
     orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
     if orphans:
         logger.info(
@@ -108,7 +118,19 @@ def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
     found = Version(stored.etag, generation, count=stored.meta.count)
     ledger.remember(state_id, held, found, gap, orphans)
     logger.debug("read %s: %d entries", layout.url(snap_key), gap)
-    return _contract.make_record([entries[seq] for seq in range(gap)], stored.snapshot)
+    return _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)
+
+
+def _vouched(entries: dict[int, Fetched], count: int, etag: str, run: int) -> int:
+    """How many entries from seq 0 on are the State's: ``count``, then those based on ``etag``.
+
+    ``run`` is the unbroken run found. An entry without a base (written before bases were
+    recorded) is taken as before: as part of the run.
+    """
+    seq = min(count, run)
+    while seq < run and entries[seq].base in (None, etag):
+        seq += 1
+    return seq
 
 
 def scan(
@@ -117,7 +139,7 @@ def scan(
     generation: str,
     page: Outcome,
     listed: dict[int, tuple[str, str]],
-    into: dict[int, dict[str, Any]] | None = None,
+    into: dict[int, Fetched] | None = None,
     *,
     after: str | None = None,
 ) -> Steps[None]:
@@ -169,7 +191,8 @@ def scan(
                     continue
                 layout.fail(outcome, key, "GetObject")
             if into is not None:
-                into[seq] = loads_entry(outcome["Body"], layout.url(key), seq)
+                base = outcome.get("Metadata", {}).get(BASE_META)
+                into[seq] = Fetched(loads_entry(outcome["Body"], layout.url(key), seq), base)
         if not calls:
             return
 

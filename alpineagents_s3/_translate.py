@@ -8,6 +8,7 @@ answer that matches none is an :class:`S3StoreError` with S3's code, status and 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -41,6 +42,8 @@ ACCESS_CODES: Final = frozenset(
 )
 # A missing key: GetObject says NoSuchKey, HeadObject only its status.
 NOT_FOUND_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
+# A condition that did not hold: PutObject says PreconditionFailed, HeadObject only its status.
+PRECONDITION_CODES: Final = frozenset({"PreconditionFailed", "412"})
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,14 @@ RULES: Final[tuple[Rule, ...]] = (
 )
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s\"']+@")
+
+
+def scrub(text: str) -> str:
+    """``text`` without the ``user:password@`` of any URL in it (an endpoint may carry one)."""
+    return _USERINFO.sub("***@", text)
+
+
 def translate_fault(fault: Fault, where: Where) -> S3StoreError:
     """The store's error for an S3 error answer: the first matching rule, else S3StoreError."""
     fields: Mapping[str, Any] = {
@@ -139,16 +150,23 @@ def translate_fault(fault: Fault, where: Where) -> S3StoreError:
     }
     for rule in RULES:
         if rule.matches(fault, where):
-            return rule.error(rule.message.format(**fields))
+            return rule.error(scrub(rule.message.format(**fields)))
     retried = " (after botocore's retries)" if fault.status and fault.status >= 500 else ""
     return S3StoreError(
-        f"{where.action} {where.url} failed: {fault.code} (HTTP {fault.status}): "
-        f"{fault.message}{retried}"
+        scrub(
+            f"{where.action} {where.url} failed: {fault.code} (HTTP {fault.status}): "
+            f"{fault.message}{retried}"
+        )
     )
 
 
 def translate(failure: Exception, where: Where) -> S3StoreError:
-    """The store's error for what a client call raised."""
+    """The store's error for what a client call raised; no credential of a URL is repeated."""
+    error = _translate(failure, where)
+    return type(error)(scrub(str(error)))
+
+
+def _translate(failure: Exception, where: Where) -> S3StoreError:
     if isinstance(failure, ClientError):
         return translate_fault(Fault.of(failure), where)
     if isinstance(failure, NoCredentialsError):

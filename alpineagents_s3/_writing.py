@@ -22,10 +22,18 @@ from typing import Any
 
 from alpineagents_s3._codec import dumps, loads_entry, validate_id
 from alpineagents_s3._deleting import check_deletes, delete_keys
-from alpineagents_s3._layout import Layout, new_generation, new_token
+from alpineagents_s3._layout import (
+    BASE_META,
+    CREATE_BASE,
+    ENTRIES_META,
+    REFUSED_BASE,
+    Layout,
+    new_generation,
+    new_token,
+)
 from alpineagents_s3._reading import get_snapshot, scan
 from alpineagents_s3._steps import Hold, Release, Steps, error_code
-from alpineagents_s3._translate import NOT_FOUND_CODES
+from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger, PendingCreate, Version, first_seq
 from alpineagents_s3.errors import ConcurrentWriteError, StateExistsError
 
@@ -74,17 +82,23 @@ def write(
             f"from entry {first}. Load it again with store.load({state_id!r}) and continue "
             "from what is saved"
         )
+    if version.unsure:
+        version = yield from _settle(layout, ledger, state_id, version)
     rest = entries
+    written: list[str] = []
     if entries and version.orphans and first == version.gap:
         lock = ledger.lock(state_id)
         yield Hold(lock)
         version, stored = yield from _clear_orphans(layout, ledger, state_id, version, bodies)
         yield Release(lock)
         rest = [entry for entry in entries if entry["seq"] not in stored]
-    yield from _put_entries(layout, state_id, version.generation, rest, bodies)
+        written += [layout.entry_key(state_id, version.generation, seq) for seq in stored]
+    written += yield from _put_entries(layout, state_id, version, rest, bodies)
     ledger.stored(state_id, {entry["seq"] for entry in entries})
     if body is not None:
-        yield from _replace_snapshot(layout, ledger, state_id, body)
+        yield from _replace_snapshot(layout, ledger, state_id, body, written)
+    elif entries:
+        yield from _confirm(layout, ledger, state_id, version, written)
     logger.debug(
         "saved %d entries of %s in %s (snapshot: %s)",
         len(entries),
@@ -156,14 +170,19 @@ def _clear_orphans(
     puts = {
         seq: layout.entry_key(state_id, version.generation, seq) for seq in orphans if seq in bodies
     }
-    calls = [layout.put(key, bodies[seq], IfMatch=orphans[seq]) for seq, key in puts.items()]
+    calls = [
+        layout.entry_put(
+            state_id, version.generation, seq, bodies[seq], version.etag, IfMatch=orphans[seq]
+        )
+        for seq in puts
+    ]
     outcomes = yield from layout.send(calls + layout.delete_many(stale))
     stored: set[int] = set()
     changed: list[int] = []
     for (seq, key), outcome in zip(puts.items(), outcomes, strict=False):
         if not isinstance(outcome, Exception):
             stored.add(seq)
-        elif error_code(outcome) == "PreconditionFailed":
+        elif error_code(outcome) in PRECONDITION_CODES:
             changed.append(seq)  # replaced since we listed it: by whom?
         elif error_code(outcome) not in NOT_FOUND_CODES:  # gone: it is PUT anew later
             layout.fail(outcome, key, "PutObject", f"If-Match: {orphans[seq]}")
@@ -202,36 +221,201 @@ def _second_writer(layout: Layout, state_id: str, key: str, seq: int) -> Concurr
 def _put_entries(
     layout: Layout,
     state_id: str,
-    generation: str,
+    version: Version,
     entries: Sequence[dict[str, Any]],
     bodies: Mapping[int, bytes],
 ) -> Steps[list[str]]:
-    """PUT entries with If-None-Match; return the keys written. Seqs stored alike are skipped."""
+    """PUT entries with If-None-Match, based on ``version``; return the keys written.
+
+    A seq already stored is skipped when it holds the same entry from a writer with the same
+    base (our own PUT whose answer was lost). One a writer stored on top of an older snapshot
+    (a writer that lost, or a stale copy) beyond what the stored snapshot counts is replaced:
+    that writer's snapshot PUT can never land, so its entry is no one's. Anything else is a
+    second writer: then the entries this call did write are disowned, so no reader replays them.
+    """
+    generation, base = version.generation, version.etag
     seqs = [entry["seq"] for entry in entries]
     keys = [layout.entry_key(state_id, generation, seq) for seq in seqs]
     outcomes = yield from layout.send(
-        [layout.put(key, bodies[seq], IfNoneMatch="*") for key, seq in zip(keys, seqs, strict=True)]
+        [
+            layout.entry_put(state_id, generation, seq, bodies[seq], base, IfNoneMatch="*")
+            for seq in seqs
+        ]
     )
-    written: list[str] = []
+    mine: dict[int, str] = {}  # index -> ETag, of the entries this call stored
     taken: list[int] = []
     for i, outcome in enumerate(outcomes):
         if not isinstance(outcome, Exception):
-            written.append(keys[i])
-        elif error_code(outcome) == "PreconditionFailed":
+            mine[i] = outcome.get("ETag", "")
+        elif error_code(outcome) in PRECONDITION_CODES:
             taken.append(i)
         else:
             layout.fail(outcome, keys[i], "PutObject", "If-None-Match: *")
     if taken:
-        found = yield from layout.send([layout.get(keys[i]) for i in taken])
-        for i, outcome in zip(taken, found, strict=True):
-            if isinstance(outcome, Exception):
-                layout.fail(outcome, keys[i], "GetObject (an entry already stored)")
-            body = bodies[seqs[i]]
-            stored = loads_entry(outcome["Body"], layout.url(keys[i]), seqs[i])
-            if outcome["Body"] != body and stored != json.loads(body):
-                raise _second_writer(layout, state_id, keys[i], seqs[i])
+        try:
+            replaced = yield from _settle_taken(
+                layout, state_id, version, seqs, keys, bodies, taken
+            )
+        except ConcurrentWriteError:
+            yield from _disown(layout, state_id, version, seqs, bodies, mine)
+            raise
+        except KeyError:  # the State was deleted: no one else writes under its generation
+            yield from delete_keys(layout, [keys[i] for i in mine], required=False)
+            raise
+        mine.update(replaced)
+    return [keys[i] for i in sorted(mine)]
+
+
+def _settle_taken(
+    layout: Layout,
+    state_id: str,
+    version: Version,
+    seqs: Sequence[int],
+    keys: Sequence[str],
+    bodies: Mapping[int, bytes],
+    taken: Sequence[int],
+) -> Steps[dict[int, str]]:
+    """Decide about entries whose If-None-Match PUT found the seq stored; return those replaced."""
+    found = yield from layout.send([layout.get(keys[i]) for i in taken])
+    other_base: dict[int, tuple[str, bool]] = {}  # index -> (ETag, same entry as ours)
+    for i, outcome in zip(taken, found, strict=True):
+        if isinstance(outcome, Exception):
+            layout.fail(outcome, keys[i], "GetObject (an entry already stored)")
+        same = outcome["Body"] == bodies[seqs[i]] or loads_entry(
+            outcome["Body"], layout.url(keys[i]), seqs[i]
+        ) == json.loads(bodies[seqs[i]])
+        if outcome.get("Metadata", {}).get(BASE_META) not in (None, version.etag):
+            other_base[i] = (outcome["ETag"], same)
+        elif not same:
+            raise _second_writer(layout, state_id, keys[i], seqs[i])
+        else:
             logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
-    return written
+    if not other_base:
+        return {}
+    # Entries the stored snapshot counts are the State's, whoever based them where; one beyond
+    # its count was saved on top of an older snapshot by a writer whose snapshot PUT can never
+    # land: it is no one's, and is replaced.
+    count = yield from _check_base(layout, state_id, version, "an entry stored by another writer")
+    stale: dict[int, str] = {}
+    for i, (etag, same) in other_base.items():
+        if count is not None and seqs[i] >= count:
+            stale[i] = etag
+        elif not same:
+            raise _second_writer(layout, state_id, keys[i], seqs[i])
+    outcomes = yield from layout.send(
+        [
+            layout.entry_put(
+                state_id, version.generation, seqs[i], bodies[seqs[i]], version.etag, IfMatch=etag
+            )
+            for i, etag in stale.items()
+        ]
+    )
+    replaced: dict[int, str] = {}
+    for i, outcome in zip(stale, outcomes, strict=True):
+        if not isinstance(outcome, Exception):
+            replaced[i] = outcome.get("ETag", "")
+            logger.info("replaced %s, left by a refused writer", layout.url(keys[i]))
+        elif error_code(outcome) in PRECONDITION_CODES:
+            raise _second_writer(layout, state_id, keys[i], seqs[i])
+        else:
+            layout.fail(outcome, keys[i], "PutObject", f"If-Match: {stale[i]}")
+    return replaced
+
+
+def _disown(
+    layout: Layout,
+    state_id: str,
+    version: Version,
+    seqs: Sequence[int],
+    bodies: Mapping[int, bytes],
+    mine: Mapping[int, str],
+) -> Steps[None]:
+    """Mark the entries of a refused save as based on nothing, so no reader replays them.
+
+    They were stored on top of the stored snapshot, like a tool result saved alone. Each is PUT
+    again with ``If-Match`` on the ETag this save got for it: one a winner has replaced since
+    is left alone. (A conditional delete would do, but S3-compatible servers refuse it.)
+    """
+    calls = [
+        layout.entry_put(
+            state_id, version.generation, seqs[i], bodies[seqs[i]], REFUSED_BASE, IfMatch=etag
+        )
+        for i, etag in mine.items()
+    ]
+    for outcome in (yield from layout.send(calls)):
+        if isinstance(outcome, Exception) and error_code(outcome) not in PRECONDITION_CODES:
+            logger.warning(
+                "could not mark an entry of a refused save of %s as not part of it: %s",
+                state_id,
+                outcome,
+            )
+
+
+def _check_base(layout: Layout, state_id: str, version: Version, why: str) -> Steps[int | None]:
+    """Confirm that the stored snapshot is still the one ``version`` names (HEAD, If-Match).
+
+    Returns how many entries it counts (``None`` if its metadata does not say). Raises
+    ``StateNotFoundError`` if the State was deleted, ``ConcurrentWriteError`` if another writer
+    saved it since.
+    """
+    key = layout.snapshot_key(state_id)
+    (outcome,) = yield from layout.send([layout.head(key, IfMatch=version.etag)])
+    if not isinstance(outcome, Exception):
+        raw = outcome.get("Metadata", {}).get(ENTRIES_META, "")
+        return int(raw) if raw.isdigit() else None
+    code = error_code(outcome)
+    if code in NOT_FOUND_CODES:
+        raise layout.not_found(state_id, f": {layout.url(key)} was deleted ({why})")
+    if code in PRECONDITION_CODES:
+        raise _refused(layout, state_id, version)
+    layout.fail(outcome, key, f"HeadObject ({why})", f"If-Match: {version.etag}")
+
+
+def _confirm(
+    layout: Layout, ledger: Ledger, state_id: str, version: Version, written: list[str]
+) -> Steps[None]:
+    """Check that entries saved without a snapshot were saved on top of the stored snapshot.
+
+    They are part of the State only if so. If the State was deleted meanwhile, they are removed
+    (no one else writes under its generation) and ``StateNotFoundError`` is raised; if another
+    writer saved it since, ``ConcurrentWriteError`` (no reader will replay them).
+    """
+    try:
+        yield from _check_base(layout, state_id, version, "confirming a save of entries alone")
+    except KeyError:
+        ledger.versions.pop(state_id, None)
+        yield from delete_keys(layout, written, required=False)
+        raise
+
+
+def _settle(layout: Layout, ledger: Ledger, state_id: str, version: Version) -> Steps[Version]:
+    """Find out whether snapshot PUTs that failed without an answer landed.
+
+    Entries are saved on top of the snapshot stored now, so which one that is must be known: ours
+    (one of the unanswered PUTs landed, or none did), or another writer's (refused).
+    """
+    current = yield from get_snapshot(layout, state_id, "GetObject (after a failed save)")
+    if current is None:
+        ledger.versions.pop(state_id, None)
+        raise layout.not_found(state_id, ": it was deleted since this store object saved it")
+    if current.etag == version.etag:
+        settled = replace(version, unsure=frozenset())
+    elif current.meta.generation == version.generation and current.meta.token in version.unsure:
+        settled = replace(version, etag=current.etag, unsure=frozenset())
+    else:
+        raise _refused(layout, state_id, version)
+    ledger.versions[state_id] = settled
+    return settled
+
+
+def _refused(layout: Layout, state_id: str, version: Version) -> ConcurrentWriteError:
+    return ConcurrentWriteError(
+        f"State {state_id!r} was saved by another writer since this process last read or wrote "
+        f"it ({layout.url(layout.snapshot_key(state_id))} no longer has ETag {version.etag}): "
+        "two processes are running this State. What that writer saved is kept, and nothing of "
+        f"this save will be read; load it again with store.load({state_id!r}) to continue from "
+        "what is saved"
+    )
 
 
 def _create(
@@ -250,7 +434,9 @@ def _create(
     """
     pending = ledger.pending_creates.get(state_id)
     generation = pending.generation if pending else new_generation()
-    written = yield from _put_entries(layout, state_id, generation, entries, bodies)
+    written = yield from _put_entries(
+        layout, state_id, Version(CREATE_BASE, generation), entries, bodies
+    )
     key = layout.snapshot_key(state_id)
     token = new_token()
     tokens = (pending.tokens if pending else frozenset()) | {token}
@@ -263,7 +449,7 @@ def _create(
         ledger.versions[state_id] = Version(outcome["ETag"], generation, count=count)
         logger.debug("created %s with %d entries at %s", state_id, count, layout.url(key))
         return
-    if error_code(outcome) != "PreconditionFailed":
+    if error_code(outcome) not in PRECONDITION_CODES:
         layout.fail(outcome, key, "PutObject", "If-None-Match: *")
     current = yield from get_snapshot(layout, state_id, "GetObject (a taken id)")
     if current is not None and current.meta.token in tokens:
@@ -272,7 +458,7 @@ def _create(
         ledger.versions[state_id] = Version(current.etag, current.meta.generation, count=count)
         logger.debug("%s was created by an earlier attempt of this write", layout.url(key))
         if current.body != body:
-            yield from _replace_snapshot(layout, ledger, state_id, body)
+            yield from _replace_snapshot(layout, ledger, state_id, body, written)
         return
     ledger.pending_creates.pop(state_id, None)
     yield from delete_keys(layout, written, required=False)
@@ -282,15 +468,19 @@ def _create(
     )
 
 
-def _replace_snapshot(layout: Layout, ledger: Ledger, state_id: str, body: bytes) -> Steps[None]:
+def _replace_snapshot(
+    layout: Layout, ledger: Ledger, state_id: str, body: bytes, written: list[str]
+) -> Steps[None]:
     """PUT the snapshot with ``If-Match`` on the ETag this store object last wrote or read.
 
     A 412 is a second writer, unless the snapshot found carries the token of one of our own PUTs
     whose answer was lost (botocore retried it, or an earlier save raised): then it is ours, and
-    the PUT is made again on its ETag.
+    the PUT is made again on its ETag. If the State was deleted meanwhile, the entries this save
+    ``written`` are removed (no one else writes under its generation).
     """
     key = layout.snapshot_key(state_id)
     gone = f": {layout.url(key)} was deleted since this store object last saved it"
+    version = ledger.versions[state_id]
     for _ in range(OWN_WRITE_CHECKS):
         version = ledger.versions[state_id]
         token = new_token()
@@ -302,16 +492,16 @@ def _replace_snapshot(layout: Layout, ledger: Ledger, state_id: str, body: bytes
             ledger.versions[state_id] = replace(version, etag=outcome["ETag"], unsure=frozenset())
             return
         code = error_code(outcome)
-        if code in NOT_FOUND_CODES:
-            ledger.versions.pop(state_id, None)
-            raise layout.not_found(state_id, gone)
-        if code != "PreconditionFailed":
+        if code not in NOT_FOUND_CODES and code not in PRECONDITION_CODES:
             # It may have been applied: remember its token.
             ledger.versions[state_id] = replace(version, unsure=version.unsure | {token})
             layout.fail(outcome, key, "PutObject", f"If-Match: {version.etag}")
-        current = yield from get_snapshot(layout, state_id, "GetObject (a changed snapshot)")
+        current = None
+        if code in PRECONDITION_CODES:
+            current = yield from get_snapshot(layout, state_id, "GetObject (a changed snapshot)")
         if current is None:
             ledger.versions.pop(state_id, None)
+            yield from delete_keys(layout, written, required=False)
             raise layout.not_found(state_id, gone)
         ours = version.unsure | {token}
         if current.meta.generation != version.generation or current.meta.token not in ours:
@@ -321,9 +511,4 @@ def _replace_snapshot(layout: Layout, ledger: Ledger, state_id: str, body: bytes
         if current.body == body:
             return
     # Keep the old version: every later write of this State here is refused too.
-    raise ConcurrentWriteError(
-        f"State {state_id!r} was saved by another writer since this process last read or wrote "
-        f"it ({layout.url(key)} no longer has ETag {version.etag}): two processes are running "
-        f"this State. Its saved history is kept; load it again with store.load({state_id!r}) to "
-        "continue from what is saved"
-    )
+    raise _refused(layout, state_id, version)

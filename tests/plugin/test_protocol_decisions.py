@@ -154,10 +154,12 @@ class FakeBucket:
             "Metadata": dict(stored.metadata),
         }
 
-    def head_object(self, Key: str, **_: Any) -> dict[str, Any]:
+    def head_object(self, Key: str, IfMatch: str | None = None, **_: Any) -> dict[str, Any]:
         stored = self.objects.get(Key)
         if stored is None:
             raise client_error("404", 404, "HeadObject")
+        if IfMatch is not None and IfMatch != stored.etag:
+            raise client_error("412", 412, "HeadObject")  # a HEAD's error has no body
         return {"ETag": stored.etag, "Metadata": dict(stored.metadata)}
 
     def list_objects_v2(
@@ -492,6 +494,136 @@ def test_a_read_that_races_its_own_store_objects_write_keeps_the_newer_version(
     assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2", "m3"]
 
 
+# Refused writers leave nothing that is read -------------------------------------------------
+
+
+def test_a_refused_writers_other_entries_are_never_read_and_the_winner_carries_on(
+    bucket: FakeBucket,
+) -> None:
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    a, b = Writer(bucket), Writer(bucket)
+    a.read("s")
+    b.read("s")
+    a.write("s", entries(1, 2, "A"), snapshot(2, "A"))
+    with pytest.raises(ConcurrentWriteError):
+        b.write("s", entries(1, 3, "B"), snapshot(3, "B"))
+    assert bucket.keys("0000000002.json")  # B's entry 2 was PUT in parallel, and landed...
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1A"]  # ...but is not read
+    a.write("s", entries(2, 3, "A"), snapshot(3, "A"))  # the winner replaces it
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1A", "m2A"]
+
+
+def test_a_save_refused_at_an_entry_disowns_the_entries_it_stored(bucket: FakeBucket) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 2), snapshot(2), create=True)
+    with pytest.raises(ConcurrentWriteError, match="0000000001.json already holds"):
+        writer.write("s", entries(1, 3, "other"), snapshot(3))
+    # Its entry 2 landed on top of the stored snapshot, like a tool result saved alone; it is
+    # marked as based on nothing, so it is not read, and the next save replaces it.
+    (entry_2,) = bucket.keys("0000000002.json")
+    assert bucket.objects[entry_2].metadata["alpineagents-base"] == "refused"
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1"]
+    writer.write("s", entries(2, 3), snapshot(3))
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2"]
+
+
+def test_disowning_leaves_an_entry_a_winner_replaced_meanwhile(bucket: FakeBucket) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 2), snapshot(2), create=True)
+    winner = {"seq": 2, "kind": "user", "data": {"text": "winner"}}
+
+    def replace_first(batch: int, calls: Sequence[Call]) -> None:
+        refusal = [c for c in calls if c.params.get("Metadata", {}).get("alpineagents-base")]
+        if refusal and refusal[0].params["Metadata"]["alpineagents-base"] == "refused":
+            key = refusal[0].params["Key"]
+            bucket.put_object(Key=key, Body=json.dumps(winner).encode(), Metadata={"x": "y"})
+
+    with pytest.raises(ConcurrentWriteError):
+        writer.write("s", entries(1, 3, "other"), snapshot(3), before=replace_first)
+    (entry_2,) = bucket.keys("0000000002.json")
+    assert json.loads(bucket.objects[entry_2].body) == winner  # the If-Match PUT got 412
+
+
+def test_a_refused_stale_copy_leaves_nothing_that_is_read(bucket: FakeBucket) -> None:
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    a, stale = Writer(bucket), Writer(bucket)
+    a.read("s")
+    stale.read("s")
+    a.write("s", [], snapshot(1, "data only"))
+    with pytest.raises(ConcurrentWriteError, match="nothing of this save will be read"):
+        stale.write("s", entries(1, 2, "stale"), snapshot(2, "stale"))
+    assert texts(Writer(bucket).read("s")) == ["m0"]
+    a.write("s", entries(1, 2, "A"), snapshot(2, "A"))
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1A"]
+
+
+def test_entries_saved_alone_on_top_of_an_old_snapshot_are_refused_and_not_read(
+    bucket: FakeBucket,
+) -> None:
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    a, b = Writer(bucket), Writer(bucket)
+    a.read("s")
+    b.read("s")
+    b.write("s", [], snapshot(1, "B"))
+    with pytest.raises(ConcurrentWriteError, match="another writer"):
+        a.write("s", entries(1, 2, "A"), None)  # a tool result, saved alone
+    assert texts(Writer(bucket).read("s")) == ["m0"]
+    b.write("s", entries(1, 2, "B"), None)
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1B"]
+
+
+def test_a_save_after_the_state_was_deleted_raises_and_leaves_nothing(
+    bucket: FakeBucket,
+) -> None:
+    running = Writer(bucket)
+    running.write("s", entries(0, 2), snapshot(2), create=True)
+    other = Writer(bucket)
+    run(delete(other.layout, other.ledger, "s"), bucket)
+    with pytest.raises(KeyError, match="was deleted"):
+        running.write("s", entries(2, 3), None)  # a tool result, saved alone
+    assert bucket.keys() == []
+    running.write("t", entries(0, 1), snapshot(1), create=True)
+    run(delete(other.layout, other.ledger, "t"), bucket)
+    with pytest.raises(KeyError, match="was deleted"):
+        running.write("t", entries(1, 2), snapshot(2))
+    assert bucket.keys() == []
+
+
+def test_a_delete_between_an_entry_put_and_its_check_leaves_nothing(bucket: FakeBucket) -> None:
+    running = Writer(bucket)
+    running.write("s", entries(0, 1), snapshot(1), create=True)
+    other = Writer(bucket)
+
+    def delete_now(batch: int, calls: Sequence[Call]) -> None:
+        if calls[0].method == "head_object":  # the entry is stored, the check is next
+            run(delete(other.layout, other.ledger, "s"), bucket)
+
+    with pytest.raises(KeyError):
+        running.write("s", entries(1, 2), None, before=delete_now)
+    assert bucket.keys() == []
+
+
+def test_entries_saved_alone_after_a_lost_snapshot_answer_are_read(bucket: FakeBucket) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    bucket.rules.append(
+        Rule(lambda c: is_snapshot_put(c, "IfMatch"), lambda c: lost(), applied=True)
+    )
+    with pytest.raises(S3StoreError):
+        writer.write("s", entries(1, 2), snapshot(2))
+    writer.write("s", entries(2, 3), None)  # based on the snapshot that did land
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2"]
+
+
+def test_entries_written_before_bases_were_recorded_are_still_read(bucket: FakeBucket) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    generation = bucket.objects[snapshot_key("s")].metadata[GENERATION_META]
+    key = writer.layout.entry_key("s", generation, 1)
+    bucket.put_object(Key=key, Body=json.dumps(entries(1, 2)[0]).encode())  # no base
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1"]
+
+
 # Orphans and listings -----------------------------------------------------------------------
 
 
@@ -655,7 +787,9 @@ def test_delete_removes_the_snapshot_before_the_entries(bucket: FakeBucket) -> N
     bucket.calls.clear()
     run(delete(writer.layout, writer.ledger, "s"), bucket)
     methods = [c.method for c in bucket.calls]
-    assert methods == ["list_objects_v2", "delete_object", "delete_objects"]
+    # The listing comes after the snapshot is gone: a writer's entry PUT it misses is that
+    # writer's to remove (it finds no snapshot when it checks).
+    assert methods == ["head_object", "delete_object", "list_objects_v2", "delete_objects"]
     assert bucket.calls[1].params["Key"] == snapshot_key("s")
     assert bucket.keys() == []
 
@@ -768,3 +902,25 @@ async def test_a_task_cancelled_as_the_lock_is_handed_to_it_hands_it_on() -> Non
     assert lock.locked
     lock.release()
     assert not lock.locked
+
+
+def test_a_password_in_the_endpoint_is_never_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    from botocore.config import Config
+
+    from alpineagents_s3 import S3Store
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}.items():
+        monkeypatch.setenv(name, value)
+    store = S3Store(
+        "bbb",
+        endpoint_url="http://user:s3cr3t@127.0.0.1:9",  # nothing listens on port 9
+        region_name="us-east-1",
+        config=Config(retries={"total_max_attempts": 1}, connect_timeout=2),
+    )
+    with pytest.raises(S3StoreError) as raised:
+        store.read("x")
+    assert "s3cr3t" not in str(raised.value) and "***@127.0.0.1:9" in str(raised.value)
+    assert "s3cr3t" not in repr(store)
+    where = Where("GetObject", "s3://b/k", "b", "http://u:s3cr3t@h", "s3://b/", "")
+    assert "s3cr3t" not in str(translate(client_error("NoSuchBucket", 404), where))
+    store.close()
