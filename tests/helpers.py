@@ -17,7 +17,7 @@ from alpineagents import Agent, FileStore, SavedState, State, Store
 from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.model import ModelRequest
 from alpineagents.store import Record
-from alpineagents.testing import FunctionModel
+from alpineagents.testing import FunctionModel, TestModel
 
 Mode = Literal["sync", "async"]
 
@@ -49,6 +49,21 @@ def script(*replies: Any) -> FunctionModel:
         return reply(request) if callable(reply) else reply
 
     return FunctionModel(respond)
+
+
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+def make_states(store: Store, count: int, prefix: str = "run") -> list[str]:
+    """Run ``count`` States to their finish in ``store`` (5 entries each); their ids."""
+    ids = []
+    for i in range(count):
+        state = State(f"task {i}\nsecond line", id=f"{prefix}-{i}", data={"i": i})
+        Agent(TestModel(answer=f"answer {i}"), tools=[add], store=store).run(state)
+        ids.append(state.id)
+    return ids
 
 
 # Reading a State ---------------------------------------------------------------------------

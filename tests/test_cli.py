@@ -34,7 +34,7 @@ from alpineagents.model import ModelRequest
 from alpineagents.state import HistoryEntry
 from alpineagents.store import Record, SavedState
 from alpineagents.testing import FunctionModel, TestModel, call
-from tests.test_transfer import bucket, make_states, moto_url  # noqa: F401 (fixtures)
+from tests.helpers import make_states
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("alpineagents")
@@ -280,7 +280,8 @@ def test_transcript_of_compactions_notices_and_unknown_kinds() -> None:
     state = State("t", id="x")
     state.append("compaction", "Summary: looked things up.")
     state.append("notice", "Steps are missing.", {"skipped": [1, 2]})
-    state.history.append(HistoryEntry(3, "future_kind", "what is this", {"k": 1}))
+    future_kind: Any = "future_kind"  # a kind a newer alpineagents may write
+    state.history.append(HistoryEntry(3, future_kind, "what is this", {"k": 1}))
     lines = "\n".join(render.transcript(state, saved=4))
     assert "[1] compaction: older context replaced by this summary" in lines
     assert "    Summary: looked things up." in lines
@@ -361,11 +362,7 @@ def test_export_import_through_stdout_and_files(
 # cp / mv ----------------------------------------------------------------------------------
 
 
-def test_cp_and_mv_between_a_folder_and_a_bucket(
-    cli: Any,
-    folder: Path,
-    bucket: str,  # noqa: F811
-) -> None:
+def test_cp_and_mv_between_a_folder_and_a_bucket(cli: Any, folder: Path, bucket: str) -> None:
     url = f"s3://{bucket}/archive"
     run = cli("cp", str(folder), url)
     assert run.status == EXIT_OK, run.err
@@ -463,9 +460,7 @@ def test_an_async_only_store_works_too(
 
 
 def test_s3_failures_are_one_line(
-    cli: Any,
-    moto_url: str,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
+    cli: Any, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = cli("ls", "s3://no-such-bucket/runs")
     assert run.status == EXIT_NOT_FOUND
@@ -484,6 +479,7 @@ def script(*argv: str, **popen: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=60, **popen)
 
 
+@pytest.mark.slow
 def test_a_missing_boto3_names_what_to_install(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['boto3'] = None; sys.modules['aioboto3'] = None\n"
@@ -502,6 +498,7 @@ def test_a_missing_boto3_names_what_to_install(tmp_path: Path) -> None:
 needs_script = pytest.mark.skipif(not SCRIPT.exists(), reason="no console script installed")
 
 
+@pytest.mark.slow
 @needs_script
 def test_the_console_script_exit_codes(folder: Path, tmp_path: Path) -> None:
     done = script("ls", str(folder))
@@ -516,6 +513,7 @@ def test_the_console_script_exit_codes(folder: Path, tmp_path: Path) -> None:
     assert script("bogus").returncode == EXIT_USAGE
 
 
+@pytest.mark.slow
 @needs_script
 @pytest.mark.parametrize("argv", [["ls", "--json"], ["export"]])
 def test_a_closed_pipe_is_quiet(tmp_path: Path, argv: list[str]) -> None:
@@ -534,6 +532,7 @@ def test_a_closed_pipe_is_quiet(tmp_path: Path, argv: list[str]) -> None:
         assert child.stderr.read() == b""
 
 
+@pytest.mark.slow
 @needs_script
 def test_the_shell_pipe_into_head_is_quiet(folder: Path) -> None:
     if shutil.which("head") is None:
@@ -552,6 +551,7 @@ def test_the_shell_pipe_into_head_is_quiet(folder: Path) -> None:
 HEAVY = ("boto3", "botocore", "aioboto3", "alpineagents_s3", "moto", "alpineagents.transfer")
 
 
+@pytest.mark.slow
 def test_help_imports_nothing_heavy_beyond_the_package() -> None:
     code = (
         "import sys, alpineagents; before = set(sys.modules)\n"
@@ -564,6 +564,7 @@ def test_help_imports_nothing_heavy_beyond_the_package() -> None:
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.slow
 def test_help_adds_little_to_importing_the_package() -> None:
     """What the CLI itself costs at start-up: --help minus `import alpineagents`, in CPU time
     (the machine may be busy)."""
@@ -584,6 +585,7 @@ def test_help_adds_little_to_importing_the_package() -> None:
     assert helped - package < 0.15, (helped, package)
 
 
+@pytest.mark.slow
 @needs_script
 def test_help_starts_in_well_under_a_second() -> None:
     start = time.perf_counter()

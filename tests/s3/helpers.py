@@ -2,10 +2,10 @@
 behind the store's back, and injected S3 answers.
 
 Injected answers cover the paths neither emulator produces (409 under contention, 403, 501,
-throttling, a failing network). They are botocore event hooks on the store's own clients: ``before-call`` answers in
-place of S3 (below botocore's retries), ``before-send`` answers in place of the HTTP request
-(so botocore's retry modes see it), ``needs-retry`` makes botocore send a request again after S3
-applied it, as when an answer is lost on the way back.
+throttling, a failing network). They are botocore event hooks on the store's own clients:
+``before-call`` answers in place of S3 (below botocore's retries), ``before-send`` answers in
+place of the HTTP request (so botocore's retry modes see it), ``needs-retry`` makes botocore send
+a request again after S3 applied it, as when an answer is lost on the way back.
 """
 
 from __future__ import annotations

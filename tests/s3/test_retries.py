@@ -13,7 +13,8 @@ from botocore.config import Config
 from alpineagents import State
 from alpineagents.errors import ConcurrentWriteError
 from alpineagents_s3 import S3Store, S3StoreError
-from alpineagents_s3 import _protocol
+
+from alpineagents_s3 import _protocol  # isort: skip
 from alpineagents_s3.testing import RequestLog
 from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict, tool_turn
 from tests.s3.helpers import ClientsSeen, LoseAnswers, Refuse, Stores, Throttle, objects

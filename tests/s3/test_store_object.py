@@ -177,8 +177,8 @@ def _seed(bucket: str, objects: dict[str, tuple[bytes, dict[str, str]]]) -> None
     """Put objects straight into moto's backend (this process runs the server): fast set-up
     for tests about a thousand objects and more. The store reads them over HTTP."""
     backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
-    for key, (body, metadata) in objects.items():
-        stored = backend.put_object(bucket, key, body)
+    for key, (data, metadata) in objects.items():
+        stored = backend.put_object(bucket, key, data)
         if metadata:
             stored.set_metadata(metadata)
 
