@@ -10,10 +10,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.helpers import MakeBucket, Mode, bucket_factory
+from tests.helpers import MakeBucket, Mode, bucket_maker
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 pytest_plugins = ["pytester"]
 
@@ -79,10 +83,23 @@ def moto_url(aws_environment: None) -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def moto(moto_url: str) -> Iterator[S3Client]:
+    """A plain boto3 client on moto's server, for setting up and inspecting buckets behind the
+    store's back."""
+    import boto3
+
+    client: S3Client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 @pytest.fixture
-def moto_bucket(moto_url: str) -> Iterator[MakeBucket]:
+def moto_bucket(moto: S3Client) -> MakeBucket:
     """Makes a new, empty bucket on moto: ``moto_bucket(versioned=False) -> name``."""
-    yield from bucket_factory(moto_url)
+    return bucket_maker(moto)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import asyncio
 import copy
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -266,11 +266,8 @@ def disk_full() -> OSError:
 # S3 buckets --------------------------------------------------------------------------------
 
 
-def bucket_factory(endpoint_url: str) -> Iterator[MakeBucket]:
-    """Yield ``make(versioned=False) -> name``, which creates a new, empty bucket there."""
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1")
+def bucket_maker(client: Any) -> MakeBucket:
+    """``make(versioned=False) -> name``: creates a new, empty bucket through a boto3 client."""
 
     def make(*, versioned: bool = False) -> str:
         name = f"t-{uuid.uuid4().hex[:20]}"
@@ -279,7 +276,4 @@ def bucket_factory(endpoint_url: str) -> Iterator[MakeBucket]:
             client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
         return name
 
-    try:
-        yield make
-    finally:
-        client.close()
+    return make

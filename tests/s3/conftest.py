@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
 
+import boto3
 import pytest
 
-from tests.helpers import MakeBucket, bucket_factory
+from tests.helpers import MakeBucket, bucket_maker
 from tests.s3.helpers import Stores, raw_client
-
-if TYPE_CHECKING:
-    from types_boto3_s3 import S3Client
 
 LOCALSTACK_ENV = "ALPINEAGENTS_LOCALSTACK_URL"
 
@@ -38,23 +35,25 @@ def localstack_url(aws_environment: None) -> str:
 @pytest.fixture
 def localstack_bucket(localstack_url: str) -> Iterator[MakeBucket]:
     """Makes a new, empty bucket on LocalStack."""
-    yield from bucket_factory(localstack_url)
-
-
-@pytest.fixture
-def moto(moto_url: str) -> Iterator[S3Client]:
-    """A plain boto3 client on moto's server."""
-    client = raw_client(moto_url)
+    client = raw_client(localstack_url)
     try:
-        yield client
+        yield bucket_maker(client)
     finally:
         client.close()
 
 
+@pytest.fixture(scope="session")
+def boto_session(aws_environment: None) -> boto3.Session:
+    """One boto3 session for the store objects of the ``stores`` fixture."""
+    return boto3.Session()
+
+
 @pytest.fixture
-async def stores(moto_url: str, moto_bucket: MakeBucket) -> AsyncIterator[Stores]:
+async def stores(
+    moto_url: str, moto_bucket: MakeBucket, boto_session: boto3.Session
+) -> AsyncIterator[Stores]:
     """Store objects on a new bucket of moto's server, closed after the test."""
-    made = Stores(moto_url, moto_bucket)
+    made = Stores(moto_url, moto_bucket, boto_session)
     try:
         yield made
     finally:

@@ -32,16 +32,21 @@ if TYPE_CHECKING:
 
 class Stores:
     """Makes S3Store objects under ``runs/`` in a bucket of moto's server; the ``stores``
-    fixture closes each one (async client, then sync client) after the test."""
+    fixture closes each one (async client, then sync client) after the test.
 
-    def __init__(self, url: str, make_bucket: MakeBucket):
+    Their sync clients come from one ``boto3.Session`` (given as ``session``), which loads
+    the S3 service model once instead of once per store object."""
+
+    def __init__(self, url: str, make_bucket: MakeBucket, session: boto3.Session | None = None):
         self.url = url
         self.make_bucket = make_bucket
         self.bucket = make_bucket()
+        self.session = session
         self.made: list[S3Store] = []
 
     def new(self, *, bucket: str | None = None, **options: Any) -> S3Store:
         """A new store object: another process, as far as S3 can tell."""
+        options.setdefault("session", self.session)
         store = S3Store(bucket or self.bucket, "runs", endpoint_url=self.url, **options)
         self.made.append(store)
         return store

@@ -37,7 +37,11 @@ class Server:
 async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
     """Store objects on moto's server, and on LocalStack when it runs."""
     url = request.getfixturevalue(f"{request.param}_url")
-    stores = Stores(url, request.getfixturevalue(f"{request.param}_bucket"))
+    stores = Stores(
+        url,
+        request.getfixturevalue(f"{request.param}_bucket"),
+        request.getfixturevalue("boto_session"),
+    )
     client = raw_client(url)
     try:
         yield Server(stores, client)
