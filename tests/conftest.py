@@ -1,10 +1,43 @@
+"""Fixtures every test module may ask for: the two modes, and moto's S3 server.
+
+moto (its real HTTP server, ThreadedMotoServer on 127.0.0.1) starts the first time a test asks
+for ``moto_url`` and serves the rest of the session; a run without S3 tests never starts it,
+nor imports boto3 or moto.
+"""
+
 from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.helpers import Mode
+from tests.helpers import MakeBucket, Mode, bucket_maker
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 pytest_plugins = ["pytester"]
+
+# Dummy credentials moto and LocalStack accept; the machine's AWS configuration is kept out.
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+AWS_UNSET = (
+    "AWS_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_RETRY_MODE",
+    "AWS_MAX_ATTEMPTS",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -18,3 +51,66 @@ def mode(request: pytest.FixtureRequest) -> Mode:
     """Run the test once with the sync API and once with the async one."""
     param: Mode = request.param
     return param
+
+
+# S3 ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def aws_environment() -> Iterator[None]:
+    """Dummy AWS credentials from here to the end of the session, nothing of the machine's
+    AWS configuration (profiles, endpoints, retry settings)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in AWS_ENV.items():
+            patch.setenv(name, value)
+        for name in AWS_UNSET:
+            patch.delenv(name, raising=False)
+        yield
+
+
+@pytest.fixture(scope="session")
+def moto_url(aws_environment: None) -> Iterator[str]:
+    """The endpoint of moto's S3 server, started on 127.0.0.1 (a free port) at first use."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto(moto_url: str) -> Iterator[S3Client]:
+    """A plain boto3 client on moto's server, for setting up and inspecting buckets behind the
+    store's back."""
+    import boto3
+
+    client: S3Client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def moto_bucket(moto: S3Client) -> MakeBucket:
+    """Makes a new, empty bucket on moto: ``moto_bucket(versioned=False) -> name``."""
+    return bucket_maker(moto)
+
+
+@pytest.fixture
+def moto_endpoint(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """moto's endpoint, also set as ``AWS_ENDPOINT_URL_S3`` for the test: ``s3://`` URLs
+    reach moto the way a user's configuration points them at an endpoint."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_url)
+    return moto_url
+
+
+@pytest.fixture
+def bucket(moto_endpoint: str, moto_bucket: MakeBucket) -> str:
+    """A new, empty bucket on moto, which ``s3://{bucket}/...`` URLs reach."""
+    return moto_bucket()

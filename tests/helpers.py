@@ -8,16 +8,21 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from alpineagents import Agent, FileStore, SavedState, State, Store
-from alpineagents.history import TOOL_RESULT
+from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.model import ModelRequest
 from alpineagents.store import Record
-from alpineagents.testing import FunctionModel
+from alpineagents.testing import FunctionModel, TestModel
 
 Mode = Literal["sync", "async"]
+
+# ``make(versioned=False) -> name``: a new, empty bucket (the ``moto_bucket`` fixture).
+MakeBucket = Callable[..., str]
 
 
 # Running in either mode --------------------------------------------------------------------
@@ -46,6 +51,21 @@ def script(*replies: Any) -> FunctionModel:
     return FunctionModel(respond)
 
 
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+def make_states(store: Store, count: int, prefix: str = "run") -> list[str]:
+    """Run ``count`` States to their finish in ``store`` (5 entries each); their ids."""
+    ids = []
+    for i in range(count):
+        state = State(f"task {i}\nsecond line", id=f"{prefix}-{i}", data={"i": i})
+        Agent(TestModel(answer=f"answer {i}"), tools=[add], store=store).run(state)
+        ids.append(state.id)
+    return ids
+
+
 # Reading a State ---------------------------------------------------------------------------
 
 
@@ -69,6 +89,47 @@ def stored_kinds(store: Store, state_id: str) -> list[str]:
     record = store.read(state_id)
     assert record is not None
     return [e["kind"] for e in sorted(record.entries, key=lambda e: e["seq"])]
+
+
+def tool_turn(state: State, n: int) -> None:
+    """Append a model response calling the tool ``lookup``, and the tool's result."""
+    call = {"type": "tool_call", "id": f"call-{n}", "name": "lookup", "input": {"n": n}}
+    state.append(MODEL, "", {"content": [call], "stop_reason": "tool_use"})
+    state.append(TOOL_RESULT, f"result {n}", {"call_id": f"call-{n}", "name": "lookup"})
+
+
+# What a save writes, for tests that call ``Store.write`` themselves --------------------------
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _saved(state: State) -> Record:
+    store = MemoryStore()
+    store.save(state)
+    record = store.read(state.id)
+    assert record is not None
+    return record
+
+
+def entry_dicts(first: int, stop: int, text: str = "entry") -> list[dict[str, Any]]:
+    """The entries with seqs ``first`` to ``stop - 1`` of a State whose entries read
+    ``"{text} {seq}"``, as a save hands them to ``Store.write``; the same each call."""
+    state = State(f"{text} 0", id="entries")
+    for seq in range(1, stop):
+        state.append(TOOL_RESULT, f"{text} {seq}", {"call_id": f"call-{seq}", "name": "t"})
+    for seq, entry in enumerate(state.history):
+        entry.at = EPOCH + timedelta(seconds=seq)
+    return list(_saved(state).entries)[first:]
+
+
+def snapshot_dict(state_id: str, entries: int, **changes: Any) -> dict[str, Any]:
+    """The snapshot a save of a new State ``state_id`` hands to ``Store.write``, accounting for
+    ``entries`` entries, with ``changes``; the same each call."""
+    state = State("the task", id=state_id)
+    state.created_at = EPOCH
+    snapshot = dict(_saved(state).snapshot)
+    snapshot.update({"updated_at": EPOCH.isoformat(), "entries": entries, **changes})
+    return snapshot
 
 
 def entries_beyond_snapshot(store: FileStore, state: State, *entries: dict[str, Any]) -> None:
@@ -200,3 +261,19 @@ class FailingStore(MemoryStore):
 def disk_full() -> OSError:
     """The error of a full disk."""
     return OSError(28, "No space left on device")
+
+
+# S3 buckets --------------------------------------------------------------------------------
+
+
+def bucket_maker(client: Any) -> MakeBucket:
+    """``make(versioned=False) -> name``: creates a new, empty bucket through a boto3 client."""
+
+    def make(*, versioned: bool = False) -> str:
+        name = f"t-{uuid.uuid4().hex[:20]}"
+        client.create_bucket(Bucket=name)
+        if versioned:
+            client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+        return name
+
+    return make

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from alpineagents import Agent, FileStore, State, Store, open_store
-from alpineagents._cli import commands, render
 from alpineagents.cli import (
     EXIT_CONFLICT,
     EXIT_FAILURE,
@@ -34,7 +33,7 @@ from alpineagents.model import ModelRequest
 from alpineagents.state import HistoryEntry
 from alpineagents.store import Record, SavedState
 from alpineagents.testing import FunctionModel, TestModel, call
-from tests.test_transfer import bucket, make_states, moto_url  # noqa: F401 (fixtures)
+from tests.helpers import make_states
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("alpineagents")
@@ -276,12 +275,14 @@ def test_show_marks_what_loading_added(cli: Any, tmp_path: Path) -> None:
     assert "(not saved: added when loading)\n    (unknown: the run stopped" in out
 
 
-def test_transcript_of_compactions_notices_and_unknown_kinds() -> None:
+def test_show_transcribes_compactions_notices_and_unknown_kinds(cli: Any, tmp_path: Path) -> None:
     state = State("t", id="x")
     state.append("compaction", "Summary: looked things up.")
     state.append("notice", "Steps are missing.", {"skipped": [1, 2]})
-    state.history.append(HistoryEntry(3, "future_kind", "what is this", {"k": 1}))
-    lines = "\n".join(render.transcript(state, saved=4))
+    future_kind: Any = "future_kind"  # a kind a newer alpineagents may write
+    state.history.append(HistoryEntry(3, future_kind, "what is this", {"k": 1}))
+    FileStore(tmp_path).save(state)
+    lines = cli("show", str(tmp_path), "x").out
     assert "[1] compaction: older context replaced by this summary" in lines
     assert "    Summary: looked things up." in lines
     assert "[2] notice (entries 1-1 left out)" in lines
@@ -299,14 +300,20 @@ def test_rm_with_yes_reports_what_it_removed(cli: Any, folder: Path) -> None:
     assert cli("delete", str(folder), "run-1", "-y").out == "removed run-1\n"
 
 
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_rm_asks_on_a_terminal(cli: Any, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(commands, "_on_terminal", lambda stream: True)
-    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
     run = cli("rm", str(folder), "run-0")
     assert run.status == EXIT_USAGE and "nothing removed" in run.err
     assert "Remove 1 State(s) from FileStore" in run.err and "run-0? [y/N]" in run.err
     assert len(FileStore(folder).list()) == 3
-    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
     run = cli("rm", str(folder), "run-0")
     assert run.status == EXIT_OK and run.out == "removed run-0\n"
     assert len(FileStore(folder).list()) == 2
@@ -361,11 +368,7 @@ def test_export_import_through_stdout_and_files(
 # cp / mv ----------------------------------------------------------------------------------
 
 
-def test_cp_and_mv_between_a_folder_and_a_bucket(
-    cli: Any,
-    folder: Path,
-    bucket: str,  # noqa: F811
-) -> None:
+def test_cp_and_mv_between_a_folder_and_a_bucket(cli: Any, folder: Path, bucket: str) -> None:
     url = f"s3://{bucket}/archive"
     run = cli("cp", str(folder), url)
     assert run.status == EXIT_OK, run.err
@@ -409,12 +412,14 @@ def test_cp_conflict_skip_overwrite_and_quiet(cli: Any, folder: Path, tmp_path: 
 def test_cp_draws_progress_on_a_terminal(
     cli: Any, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(commands, "_on_terminal", lambda stream: True)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     run = cli("cp", str(folder), str(tmp_path / "dst"))
     assert run.status == EXIT_OK
-    assert "\r[##########....................] 1/3 " in run.err
-    assert "\r[##############################] 3/3 " in run.err
-    assert "\r\x1b[K3 State(s)" in run.err  # the bar is cleared before the summary
+    drawn = terminal.getvalue()
+    assert "\r[##########....................] 1/3 " in drawn
+    assert "\r[##############################] 3/3 " in drawn
+    assert "\r\x1b[K3 State(s)" in drawn  # the bar is cleared before the summary
 
 
 class AsyncOnly(Store):
@@ -422,6 +427,11 @@ class AsyncOnly(Store):
 
     def __init__(self, path: Path):
         self.files = FileStore(path)
+
+    @classmethod
+    def from_url(cls, url: str) -> AsyncOnly:
+        """``async:///path/to/folder``."""
+        return cls(Path(url.removeprefix("async://")))
 
     async def awrite(
         self,
@@ -446,26 +456,27 @@ class AsyncOnly(Store):
 def test_an_async_only_store_works_too(
     cli: Any, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fake_open(url: str) -> Store:
-        if url.startswith("async://"):
-            return AsyncOnly(tmp_path / url.removeprefix("async://"))
-        return open_store(url)
-
-    monkeypatch.setattr(commands, "open_store", fake_open)
-    assert cli("cp", str(folder), "async://dst").status == EXIT_OK
-    listed = json.loads(cli("ls", "async://dst", "--json").out)
+    """Registered for the ``async`` scheme through an entry point, as a plugin would be."""
+    plugin = tmp_path / "plugin"
+    info = plugin / "asynconly-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: asynconly\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[alpineagents.stores]\nasync = {__name__}:AsyncOnly\n")
+    monkeypatch.syspath_prepend(str(plugin))
+    url = f"async://{tmp_path / 'dst'}"
+    assert cli("cp", str(folder), url).status == EXIT_OK
+    listed = json.loads(cli("ls", url, "--json").out)
     assert [(s["id"], s["entries"]) for s in listed] == [("run-2", 5), ("run-1", 5), ("run-0", 5)]
-    assert "answer 2" in cli("show", "async://dst", "run-2").out
-    assert cli("rm", "async://dst", "run-2", "--yes").out == "removed run-2\n"
+    assert "answer 2" in cli("show", url, "run-2").out
+    assert cli("rm", url, "run-2", "--yes").out == "removed run-2\n"
+    assert isinstance(open_store(url), AsyncOnly)
 
 
 # S3 failures ------------------------------------------------------------------------------
 
 
 def test_s3_failures_are_one_line(
-    cli: Any,
-    moto_url: str,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
+    cli: Any, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = cli("ls", "s3://no-such-bucket/runs")
     assert run.status == EXIT_NOT_FOUND
@@ -484,6 +495,7 @@ def script(*argv: str, **popen: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=60, **popen)
 
 
+@pytest.mark.slow
 def test_a_missing_boto3_names_what_to_install(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['boto3'] = None; sys.modules['aioboto3'] = None\n"
@@ -502,6 +514,7 @@ def test_a_missing_boto3_names_what_to_install(tmp_path: Path) -> None:
 needs_script = pytest.mark.skipif(not SCRIPT.exists(), reason="no console script installed")
 
 
+@pytest.mark.slow
 @needs_script
 def test_the_console_script_exit_codes(folder: Path, tmp_path: Path) -> None:
     done = script("ls", str(folder))
@@ -516,6 +529,7 @@ def test_the_console_script_exit_codes(folder: Path, tmp_path: Path) -> None:
     assert script("bogus").returncode == EXIT_USAGE
 
 
+@pytest.mark.slow
 @needs_script
 @pytest.mark.parametrize("argv", [["ls", "--json"], ["export"]])
 def test_a_closed_pipe_is_quiet(tmp_path: Path, argv: list[str]) -> None:
@@ -534,6 +548,7 @@ def test_a_closed_pipe_is_quiet(tmp_path: Path, argv: list[str]) -> None:
         assert child.stderr.read() == b""
 
 
+@pytest.mark.slow
 @needs_script
 def test_the_shell_pipe_into_head_is_quiet(folder: Path) -> None:
     if shutil.which("head") is None:
@@ -552,6 +567,7 @@ def test_the_shell_pipe_into_head_is_quiet(folder: Path) -> None:
 HEAVY = ("boto3", "botocore", "aioboto3", "alpineagents_s3", "moto", "alpineagents.transfer")
 
 
+@pytest.mark.slow
 def test_help_imports_nothing_heavy_beyond_the_package() -> None:
     code = (
         "import sys, alpineagents; before = set(sys.modules)\n"
@@ -564,6 +580,7 @@ def test_help_imports_nothing_heavy_beyond_the_package() -> None:
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.slow
 def test_help_adds_little_to_importing_the_package() -> None:
     """What the CLI itself costs at start-up: --help minus `import alpineagents`, in CPU time
     (the machine may be busy)."""
@@ -584,6 +601,7 @@ def test_help_adds_little_to_importing_the_package() -> None:
     assert helped - package < 0.15, (helped, package)
 
 
+@pytest.mark.slow
 @needs_script
 def test_help_starts_in_well_under_a_second() -> None:
     start = time.perf_counter()

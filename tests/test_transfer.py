@@ -1,21 +1,19 @@
 """alpineagents.transfer: copy, move, export and import States between FileStore and S3Store.
 
-S3Store runs against moto's real HTTP server in this process; the crash tests copy in a real
-subprocess that is killed with SIGKILL halfway, then run the copy again to completion.
+S3Store runs against moto's real HTTP server in this process (the ``bucket`` fixture); the
+crash tests copy in a real subprocess that is killed with SIGKILL halfway, then run the copy
+again to completion.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,53 +41,9 @@ from alpineagents.transfer import (
     import_state,
     move_states,
 )
+from tests.helpers import make_states
 
 REPO = Path(__file__).resolve().parents[1]
-
-# Dummy credentials moto accepts; the machine's AWS configuration is kept out.
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
-AWS_UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_RETRY_MODE")
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1, a free port; AWS_ENDPOINT_URL_S3 points at it."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in AWS_ENV.items():
-            patch.setenv(name, value)
-        for name in AWS_UNSET:
-            patch.delenv(name, raising=False)
-        patch.setenv("AWS_ENDPOINT_URL_S3", url)
-        try:
-            yield url
-        finally:
-            server.stop()
-
-
-@pytest.fixture
-def bucket(moto_url: str) -> Iterator[str]:
-    """A new, empty bucket on moto."""
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
-    name = f"t-{uuid.uuid4().hex[:20]}"
-    client.create_bucket(Bucket=name)
-    client.close()
-    yield name
 
 
 StoreFactory = Callable[[str], Store]
@@ -111,21 +65,6 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
     yield make
     for store in opened:
         store.close()
-
-
-def add(a: int, b: int) -> int:
-    """Add two numbers."""
-    return a + b
-
-
-def make_states(store: Store, count: int, prefix: str = "run") -> list[str]:
-    """Run ``count`` States to their finish in ``store``; their ids."""
-    ids = []
-    for i in range(count):
-        state = State(f"task {i}\nsecond line", id=f"{prefix}-{i}", data={"i": i})
-        Agent(TestModel(answer=f"answer {i}"), tools=[add], store=store).run(state)
-        ids.append(state.id)
-    return ids
 
 
 def same_state(a: Store, b: Store, state_id: str) -> None:
@@ -379,6 +318,7 @@ def run_copy(src_url: str, dst_url: str, kill_at: int = 0) -> subprocess.Complet
     )
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 @pytest.mark.parametrize("kill_at", [3, 14])
 def test_a_copy_into_s3_killed_halfway_finishes_when_run_again(
@@ -405,6 +345,7 @@ def test_a_copy_into_s3_killed_halfway_finishes_when_run_again(
         dst.close()
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_a_copy_between_folders_killed_at_a_random_point_finishes(tmp_path: Path) -> None:
     src, dst = FileStore(tmp_path / "src"), FileStore(tmp_path / "dst")

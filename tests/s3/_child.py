@@ -5,8 +5,9 @@ Modes:
         Create a State, add a tool turn and a message, save: SIGKILL itself the moment the
         entries are stored and the snapshot PUT is about to be sent.
     crash-after-tool-result ENDPOINT BUCKET ID
-        Create a State whose model turn calls two tools; save one tool result alone (as the
-        Agent does while other tools still run), then SIGKILL itself.
+        Create a State whose model turn calls two tools and let an Agent run them: the fast
+        one's result is saved alone while the slow one still runs; SIGKILL itself the moment
+        S3 has stored it.
     race ENDPOINT BUCKET WRITER
         For each line "go ID" on stdin, create State ID and print "won ID" or
         "lost ID ExceptionType"; print "ready" first.
@@ -18,11 +19,13 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from alpineagents import _saving
-from alpineagents.state import MODEL, TOOL_RESULT, State
+from alpineagents import Agent, State
+from alpineagents.history import MODEL, TOOL_RESULT
+from alpineagents.testing import TestModel
 from alpineagents_s3 import S3Store
 
 
@@ -46,25 +49,44 @@ def crash_before_snapshot(endpoint: str, bucket: str, state_id: str, mode: str) 
         event_hooks={"before-send.s3.PutObject": kill_at_snapshot},
     )
     state = State("crash test", id=state_id)
-    _saving.save(store, state)
+    store.save(state)
     tool_turn(state, "call-1")
     state.append(TOOL_RESULT, "result 1", {"call_id": "call-1", "name": "lookup"})
     state.add_user_message("and then?")
     if mode == "async":
-        asyncio.run(_saving.asave(store, state))
+        asyncio.run(store.asave(state))
     else:
-        _saving.save(store, state)
+        store.save(state)
     raise SystemExit("not killed")
 
 
 def crash_after_tool_result(endpoint: str, bucket: str, state_id: str) -> None:
-    store = S3Store(bucket, "runs", endpoint_url=endpoint)
+    armed: list[bool] = []
+
+    def kill_once_stored(http_response: Any, **kwargs: Any) -> None:
+        if armed and "/entries/" in http_response.url and http_response.status_code == 200:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    store = S3Store(
+        bucket,
+        "runs",
+        endpoint_url=endpoint,
+        event_hooks={"after-call.s3.PutObject": kill_once_stored},
+    )
     state = State("two tools", id=state_id)
     tool_turn(state, "fast", "slow")
-    _saving.save(store, state)
-    state.append(TOOL_RESULT, "fast result", {"call_id": "fast", "name": "lookup"})
-    _saving.save(store, state, entries_only=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    store.save(state)
+    armed.append(True)  # the next entry stored is the fast tool's result
+    never = threading.Event()
+
+    def lookup(what: str) -> str:
+        """Look something up; the slow lookup never ends."""
+        if what == "slow":
+            never.wait(60)
+        return f"{what} result"
+
+    Agent(TestModel(), tools=[lookup], store=store).use_tools(state)
+    raise SystemExit("not killed")
 
 
 def race(endpoint: str, bucket: str, writer: str) -> None:
@@ -74,7 +96,7 @@ def race(endpoint: str, bucket: str, writer: str) -> None:
         command, state_id = line.split()
         assert command == "go"
         try:
-            _saving.save(store, State(f"writer {writer}", id=state_id))
+            store.save(State(f"writer {writer}", id=state_id))
         except Exception as e:  # noqa: BLE001 - reported to the parent
             print(f"lost {state_id} {type(e).__name__}", flush=True)
         else:

@@ -9,7 +9,7 @@ import pytest
 from alpineagents.store import Store
 from alpineagents.testing import StoreConformance
 from alpineagents_s3 import S3Store
-from tests.s3.conftest import MakeBucket
+from tests.helpers import MakeBucket
 
 
 class TestS3StoreOnMoto(StoreConformance):

@@ -11,117 +11,84 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from alpineagents import _saving
+from alpineagents import State
 from alpineagents.errors import ConcurrentWriteError
-from alpineagents.state import State
-from alpineagents.store import dumps
-from alpineagents.testing import StoreIO
-from alpineagents.testing._store_suite import make_entries, make_snapshot
-from alpineagents_s3 import S3Store
-from alpineagents_s3._layout import GENERATION_META
 from alpineagents_s3.testing import RequestLog
-from tests.s3.conftest import MakeBucket, raw_client
-from tests.s3.faults import play
-from tests.s3.test_protocol import tool_turn
+from tests.helpers import Mode, entry_dicts, snapshot_dict, tool_turn
+from tests.s3.helpers import Stores, body, entry_key, killed_save, raw_client
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
 
-both_modes = pytest.mark.parametrize("mode", ["sync", "async"])
-
 
 @dataclass
 class Server:
-    url: str
-    bucket: MakeBucket
+    stores: Stores
     client: S3Client
 
 
 @pytest.fixture(params=["moto", pytest.param("localstack", marks=pytest.mark.integration)])
-def server(request: pytest.FixtureRequest) -> Iterator[Server]:
-    """moto's server, and LocalStack when it runs."""
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
+    """Store objects on moto's server, and on LocalStack when it runs."""
     url = request.getfixturevalue(f"{request.param}_url")
+    stores = Stores(
+        url,
+        request.getfixturevalue(f"{request.param}_bucket"),
+        request.getfixturevalue("boto_session"),
+    )
     client = raw_client(url)
     try:
-        yield Server(url, request.getfixturevalue(f"{request.param}_bucket"), client)
+        yield Server(stores, client)
     finally:
         client.close()
-
-
-def new_store(url: str, bucket: str, **options: Any) -> S3Store:
-    return S3Store(bucket, "runs", endpoint_url=url, **options)
-
-
-def entry_key(moto: S3Client, bucket: str, state_id: str, seq: int) -> str:
-    head = moto.head_object(Bucket=bucket, Key=f"runs/{state_id}/snapshot.json")
-    return f"runs/{state_id}/entries/{head['Metadata'][GENERATION_META]}/{seq:010d}.json"
-
-
-def killed_save(moto: S3Client, bucket: str, state_id: str, *seqs: int) -> dict[int, str]:
-    """Store only ``seqs`` of a save's entries, as a process killed mid-save leaves them;
-    return their ETags."""
-    entries = make_entries(0, max(seqs) + 1, "from the killed save")
-    return {
-        seq: moto.put_object(
-            Bucket=bucket, Key=entry_key(moto, bucket, state_id, seq), Body=dumps(entries[seq])
-        )["ETag"]
-        for seq in seqs
-    }
+        await stores.close()
 
 
 def texts(state: State) -> list[str]:
     return [entry.text for entry in state.history]
 
 
-@both_modes
-def test_a_save_killed_halfway_leaves_orphans_the_next_save_replaces(
-    mode: str, server: Server
+async def test_a_save_killed_halfway_leaves_orphans_the_next_save_replaces(
+    mode: Mode, server: Server
 ) -> None:
-    moto_url, moto = server.url, server.client
-    bucket = server.bucket(versioned=True)
-    first = new_store(moto_url, bucket)
-    _saving.save(first, State("killed halfway", id="gap"))  # entry 0 and the snapshot
-    first.close()
+    moto = server.client
+    bucket = server.stores.make_bucket(versioned=True)
+    await server.stores.io(mode, bucket=bucket).save(State("killed halfway", id="gap"))
     # The next save of seqs 1-5 was killed: only 3 and 5 were stored.
     etags = killed_save(moto, bucket, "gap", 3, 5)
     log = RequestLog()
-    store = new_store(moto_url, bucket, event_hooks=log.hooks)
+    io = server.stores.io(mode, bucket=bucket, event_hooks=log.hooks)
 
-    async def scenario(io: StoreIO) -> None:
-        state = await io.load("gap")
-        assert texts(state) == ["killed halfway"]  # nothing of the killed save
-        tool_turn(state, 1)  # seqs 1, 2
-        state.add_user_message("three")  # seq 3: the orphan's seq
-        state.add_user_message("four")  # seq 4; the orphan at 5 is beyond this save
-        log.clear()
-        assert await io.save(state) is True  # no ConcurrentWriteError
+    state = await io.load("gap")
+    assert texts(state) == ["killed halfway"]  # nothing of the killed save
+    tool_turn(state, 1)  # seqs 1, 2
+    state.add_user_message("three")  # seq 3: the orphan's seq
+    state.add_user_message("four")  # seq 4; the orphan at 5 is beyond this save
+    log.clear()
+    assert await io.save(state) is True  # no ConcurrentWriteError
 
-        puts = {r.path.rsplit("/", 1)[-1]: r.condition for r in log.requests if r.kind == "PUT"}
-        assert puts["0000000003.json"] == f"If-Match: {etags[3]}"
-        assert [puts[f"{seq:010d}.json"] for seq in (1, 2, 4)] == ["If-None-Match: *"] * 3
-        assert [r.operation for r in log.requests if r.kind == "DELETE"] == ["DeleteObjects"]
-        # The replacement and the delete come first, then the entries filling the gap.
-        order = [r.path.rsplit("/", 1)[-1] for r in log.requests]
-        assert order.index("0000000001.json") > order.index("0000000003.json")
+    puts = {r.path.rsplit("/", 1)[-1]: r.condition for r in log.requests if r.kind == "PUT"}
+    assert puts["0000000003.json"] == f"If-Match: {etags[3]}"
+    assert [puts[f"{seq:010d}.json"] for seq in (1, 2, 4)] == ["If-None-Match: *"] * 3
+    assert [r.operation for r in log.requests if r.kind == "DELETE"] == ["DeleteObjects"]
+    # The replacement and the delete come first, then the entries filling the gap.
+    order = [r.path.rsplit("/", 1)[-1] for r in log.requests]
+    assert order.index("0000000001.json") > order.index("0000000003.json")
 
-        # Another process loads it: all of it, and only it.
-        other = StoreIO(new_store(moto_url, bucket), io.mode)
-        try:
-            again = await other.load("gap")
-            assert texts(again) == texts(state)
-            again.add_user_message("five")  # seq 5, where the deleted orphan was
-            assert await other.save(again) is True
-            assert texts(await other.load("gap")) == [*texts(state), "five"]
-        finally:
-            await other.close()
+    # Another process loads it: all of it, and only it.
+    other = server.stores.io(mode, bucket=bucket)
+    again = await other.load("gap")
+    assert texts(again) == texts(state)
+    again.add_user_message("five")  # seq 5, where the deleted orphan was
+    assert await other.save(again) is True
+    assert texts(await other.load("gap")) == [*texts(state), "five"]
 
-    play(store, mode, scenario)
     versions = moto.list_object_versions(Bucket=bucket, Prefix="runs/gap/entries/")
     counts = Counter(int(v["Key"][-15:-5]) for v in versions["Versions"])
     markers = [int(m["Key"][-15:-5]) for m in versions.get("DeleteMarkers", [])]
@@ -130,48 +97,40 @@ def test_a_save_killed_halfway_leaves_orphans_the_next_save_replaces(
     assert markers == [5]
 
 
-@both_modes
-def test_a_store_object_that_did_not_read_the_state_meets_the_orphans_too(
-    mode: str, moto_url: str, moto_bucket: MakeBucket, moto: S3Client
+async def test_a_store_object_that_did_not_read_the_state_meets_the_orphans_too(
+    mode: Mode, stores: Stores, moto: S3Client
 ) -> None:
     """Loaded through one store object, saved through an equal one (an Agent's own store)."""
-    bucket = moto_bucket()
-    first = new_store(moto_url, bucket)
-    _saving.save(first, State("killed halfway", id="gap"))
-    first.close()
-    etags = killed_save(moto, bucket, "gap", 2, 3)
+    await stores.io(mode).save(State("killed halfway", id="gap"))
+    etags = killed_save(moto, stores.bucket, "gap", 2, 3)
     log = RequestLog()
-    loader, writer = new_store(moto_url, bucket), new_store(moto_url, bucket, event_hooks=log.hooks)
+    loader, writer = stores.io(mode), stores.io(mode, event_hooks=log.hooks)
 
-    async def scenario(io: StoreIO) -> None:
-        state = await StoreIO(loader, io.mode).load("gap")
-        tool_turn(state, 1)  # seqs 1, 2: the orphan at 2 is replaced, the one at 3 deleted
-        assert await io.save(state) is True
-        assert log.counts() == {"GET": 1, "LIST": 1, "PUT": 3, "DELETE": 1}
-        assert f"If-Match: {etags[2]}" in {r.condition for r in log.requests}
+    state = await loader.load("gap")
+    tool_turn(state, 1)  # seqs 1, 2: the orphan at 2 is replaced, the one at 3 deleted
+    assert await writer.save(state) is True
+    assert log.counts() == {"GET": 1, "LIST": 1, "PUT": 3, "DELETE": 1}
+    assert f"If-Match: {etags[2]}" in {r.condition for r in log.requests}
 
-    play(writer, mode, scenario)
-    loader.close()
     # Without the delete, the stale seq 3 would now follow seq 2 and join the history.
-    with new_store(moto_url, bucket) as reader:
-        assert [e.text for e in reader.load("gap").history] == ["killed halfway", "", "result 1"]
+    reader = stores.io(mode)
+    assert texts(await reader.load("gap")) == ["killed halfway", "", "result 1"]
 
 
-def test_concurrent_writes_of_one_store_object_clear_orphans_one_at_a_time(
+async def test_concurrent_writes_of_one_store_object_clear_orphans_one_at_a_time(
     server: Server,
 ) -> None:
     """Two tool results saved alone at once, right after a load that found orphans: one write
     replaces the orphan at 2 while the other would delete it (not in its range). The slow
     delete must not remove the replacement."""
-    moto_url, moto = server.url, server.client
-    bucket = server.bucket()
-    ours = make_entries(0, 3, "ours")
+    moto, bucket = server.client, server.stores.bucket
+    ours = entry_dicts(0, 3, "ours")
 
     def slow_delete(**kwargs: Any) -> None:
         time.sleep(0.3)
 
-    store = new_store(moto_url, bucket, event_hooks={"before-send.s3.DeleteObjects": slow_delete})
-    store.write("c", ours[:1], make_snapshot("c", 1), create=True)
+    store = server.stores.new(event_hooks={"before-send.s3.DeleteObjects": slow_delete})
+    store.write("c", ours[:1], snapshot_dict("c", 1), create=True)
     killed_save(moto, bucket, "c", 2, 4)
     record = store.read("c")
     assert record is not None and [e["seq"] for e in record.entries] == [0]
@@ -193,34 +152,28 @@ def test_concurrent_writes_of_one_store_object_clear_orphans_one_at_a_time(
     for thread in threads:
         thread.join(10)
     assert not failures
-    with new_store(moto_url, bucket) as reader:
-        record = reader.read("c")
+    record = server.stores.new().read("c")
     assert record is not None and list(record.entries) == ours
     keys = [o["Key"] for o in moto.list_objects_v2(Bucket=bucket)["Contents"]]
     assert [int(k[-15:-5]) for k in keys if "/entries/" in k] == [0, 1, 2]  # 4 is deleted
-    store.close()
 
 
-@both_modes
-def test_an_orphan_replaced_by_someone_else_is_a_second_writer(
-    mode: str, moto_url: str, moto_bucket: MakeBucket, moto: S3Client
+async def test_an_orphan_replaced_by_someone_else_is_a_second_writer(
+    mode: Mode, stores: Stores, moto: S3Client
 ) -> None:
-    bucket = moto_bucket()
-    store = new_store(moto_url, bucket)
-    ours = make_entries(0, 3, "ours")
-    store.write("w", ours[:1], make_snapshot("w", 1), create=True)
-    killed_save(moto, bucket, "w", 2)
+    io = stores.io(mode)
+    ours = entry_dicts(0, 3, "ours")
+    await io.write("w", ours[:1], snapshot_dict("w", 1), create=True)
+    killed_save(moto, stores.bucket, "w", 2)
 
-    async def scenario(io: StoreIO) -> None:
-        await io.read("w")
-        # Another process, resumed from the same save, replaced the orphan with its own entry.
-        theirs = make_entries(0, 3, "theirs")[2]
-        moto.put_object(Bucket=bucket, Key=entry_key(moto, bucket, "w", 2), Body=dumps(theirs))
-        with pytest.raises(ConcurrentWriteError, match=r"0000000002\.json.*different.*'w'"):
-            await io.write("w", ours[1:3], make_snapshot("w", 3))
+    await io.read("w")
+    # Another process, resumed from the same save, replaced the orphan with its own entry.
+    theirs = entry_dicts(0, 3, "theirs")[2]
+    key = entry_key(moto, stores.bucket, "w", 2)
+    moto.put_object(Bucket=stores.bucket, Key=key, Body=body(theirs))
+    with pytest.raises(ConcurrentWriteError, match=r"0000000002\.json.*different.*'w'"):
+        await io.write("w", ours[1:3], snapshot_dict("w", 3))
 
-    play(store, mode, scenario)
     # Nothing of the unbroken run was touched, and no gap was filled.
-    with new_store(moto_url, bucket) as reader:
-        record = reader.read("w")
+    record = await stores.io(mode).read("w")
     assert record is not None and list(record.entries) == ours[:1]

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from alpineagents import _saving
-from alpineagents._resume import UNKNOWN_RESULT
-from alpineagents.state import MODEL, TASK, TOOL_RESULT, USER
+from alpineagents.history import MODEL, TASK, TOOL_RESULT, USER
 from alpineagents_s3 import S3Store
-from tests.s3.conftest import MakeBucket
+from tests.helpers import MakeBucket, Mode, results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,10 +36,10 @@ def run_child(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.crash
-@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_killed_between_entry_puts_and_snapshot_put_loses_nothing(
-    mode: str, moto_url: str, moto_bucket: MakeBucket
+    mode: Mode, moto_url: str, moto_bucket: MakeBucket
 ) -> None:
     bucket = moto_bucket()
     done = run_child("crash-before-snapshot", moto_url, bucket, "killed", mode)
@@ -56,10 +54,11 @@ def test_killed_between_entry_puts_and_snapshot_put_loses_nothing(
         assert not state.open_calls()
         # The resumed State saves on: its snapshot catches up.
         state.add_user_message("resumed")
-        assert _saving.save(store, state) is True
+        assert store.save(state) is True
         assert len(store.load("killed").history) == 5
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_killed_after_a_tool_result_saved_alone_keeps_it(
     moto_url: str, moto_bucket: MakeBucket
@@ -70,10 +69,15 @@ def test_killed_after_a_tool_result_saved_alone_keeps_it(
 
     with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
         state = store.load("tools")
-    results = {e.data["call_id"]: e.text for e in state.history if e.kind == TOOL_RESULT}
-    assert results == {"fast": "fast result", "slow": UNKNOWN_RESULT}
+    # The fast result was saved while the slow tool ran; loading gives the slow call a result
+    # that says it is unknown.
+    found = [e.as_tool_result() for e in state.history if e.kind == TOOL_RESULT]
+    assert [(r.call_id, r.unknown) for r in found] == [("fast", False), ("slow", True)]
+    assert [text for _, text, _ in results(state)][0] == "fast result"
+    assert results(state)[1][1].startswith("(unknown: the run stopped before this result")
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_processes_creating_one_id_at_once_have_one_winner(
     localstack_url: str, localstack_bucket: MakeBucket

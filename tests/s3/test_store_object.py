@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import warnings
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,14 +17,12 @@ import pytest
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.s3.models import s3_backends
 
-from alpineagents import _saving
-from alpineagents.state import State
-from alpineagents.store import dumps, open_store
-from alpineagents.testing._store_suite import make_entries, make_snapshot
+from alpineagents import State, open_store
 from alpineagents_s3 import S3Store, StoreClosedError
 from alpineagents_s3._layout import GENERATION_META
 from alpineagents_s3.testing import RequestLog, embedded_moto
-from tests.s3.conftest import MakeBucket
+from tests.helpers import MakeBucket, entry_dicts, snapshot_dict
+from tests.s3.helpers import ClientsSeen, body
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -37,7 +36,7 @@ def test_open_store_finds_s3store_by_scheme(moto_url: str, moto_bucket: MakeBuck
     assert isinstance(store, S3Store)
     assert (store.bucket, store.prefix, store.max_concurrency) == (bucket, "team/runs/", 4)
     assert store == S3Store(bucket, "/team/runs/", endpoint_url=moto_url)
-    _saving.save(store, State("via url", id="u"))
+    store.save(State("via url", id="u"))
     assert S3Store(bucket, "team/runs", endpoint_url=moto_url).load("u").task == "via url"
     store.close()
     bare = S3Store.from_url(f"s3://{bucket}")
@@ -93,7 +92,7 @@ def test_standard_boto_configuration_works_unchanged(
     bucket = moto_bucket()
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_url)
     with S3Store(bucket, "runs") as store:  # no endpoint_url: the environment's
-        _saving.save(store, State("configured", id="c"))
+        store.save(State("configured", id="c"))
         assert store.client.meta.endpoint_url == moto_url
         assert [s.id for s in store.list()] == ["c"]
 
@@ -104,10 +103,10 @@ def test_a_state_saved_through_one_store_object_continues_through_an_equal_one(
     bucket = moto_bucket()
     state = State("moves between store objects", id="m")
     with S3Store(bucket, endpoint_url=moto_url) as first:
-        _saving.save(first, state)
+        first.save(state)
     state.add_user_message("later")
     with S3Store(bucket, endpoint_url=moto_url) as second:
-        assert _saving.save(second, state) is True
+        assert second.save(state) is True
         assert len(second.load("m").history) == 2
 
 
@@ -118,7 +117,7 @@ def test_a_given_client_is_used_and_not_closed(moto_url: str, moto_bucket: MakeB
         store = S3Store(bucket, client=client)
         assert store.client is client
         assert store == S3Store(bucket, endpoint_url=moto_url)
-        _saving.save(store, State("given client", id="g"))
+        store.save(State("given client", id="g"))
         store.close()
         assert client.head_object(Bucket=bucket, Key="g/snapshot.json")["ContentLength"] > 0
     finally:
@@ -131,22 +130,21 @@ def test_a_given_client_is_used_and_not_closed(moto_url: str, moto_bucket: MakeB
 def test_one_store_serves_one_event_loop_after_another(
     moto_url: str, moto_bucket: MakeBucket
 ) -> None:
-    """A serverless handler calls asyncio.run per event: one module-level store serves them all."""
+    """A serverless handler calls asyncio.run per event: one module-level store serves them."""
+    seen = ClientsSeen()
     bucket = moto_bucket()
-    store = S3Store(bucket, "runs", endpoint_url=moto_url)
-    clients = []
+    store = S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks={"before-call.s3": seen})
 
     async def handle(event: int) -> None:
         if event == 0:
-            await _saving.asave(store, State("per event", id="e"))
+            await store.asave(State("per event", id="e"))
         state = await store.aload("e")
         state.add_user_message(f"event {event}")
-        await _saving.asave(store, state)
-        clients.append(await store._async.client())
+        await store.asave(state)
 
     for event in range(4):
         asyncio.run(handle(event))
-    assert len({id(c) for c in clients}) == 4  # a client per loop, each closed with its loop
+    assert seen.clients == 4  # a client per loop, each closed with its loop
     assert [e.text for e in store.load("e").history][-4:] == [f"event {n}" for n in range(4)]
     store.close()
     gc.collect()  # an unclosed aiohttp session would warn here, and warnings are errors
@@ -155,7 +153,7 @@ def test_one_store_serves_one_event_loop_after_another(
         async with S3Store(bucket, "runs", endpoint_url=moto_url) as own:
             state = await own.aload("e")
             state.add_user_message(f"closed event {event}")
-            await _saving.asave(own, state)
+            await own.asave(state)
 
     for event in range(2):
         asyncio.run(with_a_store_per_event(event))
@@ -164,9 +162,32 @@ def test_one_store_serves_one_event_loop_after_another(
     gc.collect()
 
 
+async def test_async_with_closes_the_client_and_the_store(
+    moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    """Leaving ``async with`` closes the client at once, not when the loop ends, and the store
+    refuses any later use; nothing is left unclosed."""
+    seen = ClientsSeen()
+    store = S3Store(moto_bucket(), endpoint_url=moto_url, event_hooks={"before-call.s3": seen})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with store:
+            await store.awrite("w", entry_dicts(0, 1), snapshot_dict("w", 1), create=True)
+            assert await store.aread("w") is not None
+        assert seen.clients == 1 and store.closed
+        with pytest.raises(StoreClosedError, match=r"S3Store\('s3://.*'.* is closed"):
+            await store.aread("w")
+        with pytest.raises(StoreClosedError):
+            async with store:
+                pass
+        assert seen.clients == 1
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
 def test_a_closed_store_refuses_use(moto_url: str, moto_bucket: MakeBucket) -> None:
     store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
-    store.write("c", make_entries(0, 1), make_snapshot("c", 1), create=True)
+    store.write("c", entry_dicts(0, 1), snapshot_dict("c", 1), create=True)
     store.close()
     store.close()  # closing again is harmless
     assert store.closed
@@ -176,41 +197,16 @@ def test_a_closed_store_refuses_use(moto_url: str, moto_bucket: MakeBucket) -> N
         store.list,
         lambda: store.delete("c"),
         lambda: store.objects("c"),
-        lambda: store.write("c", [], make_snapshot("c", 1)),
+        lambda: store.write("c", [], snapshot_dict("c", 1)),
         lambda: store.client,
         store.__enter__,
     ]
     for call in calls:
         with pytest.raises(StoreClosedError, match=r"S3Store\('s3://.*/runs/'.* is closed"):
             call()
-
-    async def main() -> None:
-        async with S3Store(store.bucket, "runs", endpoint_url=moto_url) as other:
-            assert (await other.aread("c")) is not None
-        with pytest.raises(StoreClosedError):
-            await other.aread("c")
-        with pytest.raises(StoreClosedError):
-            await other.alist()
-        with pytest.raises(StoreClosedError):
-            await other.__aenter__()
-        assert other.closed
-
-    asyncio.run(main())
     assert issubclass(StoreClosedError, RuntimeError)
-    gc.collect()
-
-
-def test_async_with_closes_the_client(moto_url: str, moto_bucket: MakeBucket) -> None:
-    bucket = moto_bucket()
-
-    async def main() -> None:
-        async with S3Store(bucket, endpoint_url=moto_url) as store:
-            await store.awrite("w", make_entries(0, 1), make_snapshot("w", 1), create=True)
-            assert store._async._opened
-        assert not store._async._opened
-
-    asyncio.run(main())
-    gc.collect()
+    # Another store object of the same bucket and prefix is not affected.
+    assert S3Store(store.bucket, "runs", endpoint_url=moto_url).read("c") is not None
 
 
 # Large listings and deletes --------------------------------------------------------------------
@@ -220,8 +216,8 @@ def _seed(bucket: str, objects: dict[str, tuple[bytes, dict[str, str]]]) -> None
     """Put objects straight into moto's backend (this process runs the server): fast set-up
     for tests about a thousand objects and more. The store reads them over HTTP."""
     backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
-    for key, (body, metadata) in objects.items():
-        stored = backend.put_object(bucket, key, body)
+    for key, (data, metadata) in objects.items():
+        stored = backend.put_object(bucket, key, data)
         if metadata:
             stored.set_metadata(metadata)
 
@@ -231,10 +227,10 @@ def test_list_pages_past_a_thousand_states(moto_url: str, moto_bucket: MakeBucke
     start = datetime(2026, 1, 1, tzinfo=UTC)
     objects: dict[str, tuple[bytes, dict[str, str]]] = {}
     for n in range(1005):
-        snapshot = make_snapshot(
+        snapshot = snapshot_dict(
             f"s{n:04d}", 1, updated_at=(start + timedelta(minutes=n)).isoformat()
         )
-        objects[f"runs/s{n:04d}/snapshot.json"] = (dumps(snapshot), {GENERATION_META: "ab"})
+        objects[f"runs/s{n:04d}/snapshot.json"] = (body(snapshot), {GENERATION_META: "ab"})
     _seed(bucket, objects)
     log = RequestLog()
     with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=log.hooks) as store:
@@ -249,11 +245,10 @@ def test_delete_removes_every_object_in_batches(
 ) -> None:
     bucket = moto_bucket()
     with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
-        store.write("big", make_entries(0, 1), make_snapshot("big", 1), create=True)
-        generation = store._ledger.versions["big"].generation
+        store.write("big", entry_dicts(0, 1), snapshot_dict("big", 1), create=True)
+        first = store.objects("big")[0].key  # runs/big/entries/{generation}/0000000000.json
     objects: dict[str, tuple[bytes, dict[str, str]]] = {
-        f"runs/big/entries/{generation}/{e['seq']:010d}.json": (dumps(e), {})
-        for e in make_entries(1, 1500)
+        first.replace("0000000000", f"{e['seq']:010d}"): (body(e), {}) for e in entry_dicts(1, 1500)
     }
     _seed(bucket, objects)
     log = RequestLog()
@@ -280,7 +275,7 @@ def test_embedded_moto_serves_a_demo_and_cleans_up(monkeypatch: pytest.MonkeyPat
         assert os.environ["AWS_ACCESS_KEY_ID"] == "testing"
         with S3Store("demo-bucket", "runs", endpoint_url=url) as store:
             state = State("demo", id="demo")
-            _saving.save(store, state)
+            store.save(state)
             layout = [(o.key, o.kind) for o in store.objects("demo")]
         assert layout[-1] == ("runs/demo/snapshot.json", "snapshot")
         assert layout[0][1] == "entry" and layout[0][0].endswith("/0000000000.json")
@@ -288,20 +283,27 @@ def test_embedded_moto_serves_a_demo_and_cleans_up(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_async_side_follows_the_sync_sessions_profile(
-    moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    moto_url: str, moto_bucket: MakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    bucket = moto_bucket()
     config = tmp_path / "config"
-    config.write_text("[profile elsewhere]\nregion = eu-west-3\n")
+    config.write_text(
+        "[profile elsewhere]\nregion = eu-west-3\n"
+        "aws_access_key_id = testing\naws_secret_access_key = testing\n"
+    )
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.delenv("AWS_DEFAULT_REGION")  # it would win over the profile's region
     session = boto3.Session(profile_name="elsewhere")
-    store = S3Store("bucket", endpoint_url=moto_url, session=session)
+    seen = ClientsSeen()
+    store = S3Store(
+        bucket, endpoint_url=moto_url, session=session, event_hooks={"before-call.s3": seen}
+    )
+    store.list()
+    assert seen.regions == ["eu-west-3"]  # the sync client's
 
-    async def regions() -> tuple[str, str]:
-        try:
-            client = await store._async.client()
-            return store.client.meta.region_name, client.meta.region_name
-        finally:
-            await store.aclose()
+    async def alist() -> None:
+        async with store:
+            await store.alist()
 
-    assert asyncio.run(regions()) == ("eu-west-3", "eu-west-3")
+    asyncio.run(alist())
+    assert seen.clients == 2 and seen.regions == ["eu-west-3", "eu-west-3"]

@@ -1,0 +1,146 @@
+"""Objects the store cannot read, changed behind its back: damaged, of a newer schema or layout,
+not written by S3Store, under the wrong key, or missing. Each is refused, naming it."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from alpineagents import State
+from alpineagents.errors import CorruptStateError, SchemaVersionError
+from alpineagents.testing import StoreIO
+from tests.helpers import Mode
+from tests.s3.helpers import Stores
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
+
+
+async def saved_state(mode: Mode, stores: Stores) -> StoreIO:
+    """Save State ``s`` (a task and a message) through one store object; another one."""
+    state = State("task", id="s")
+    state.add_user_message("hello")
+    await stores.io(mode).save(state)
+    return stores.io(mode)
+
+
+def key_of(moto: S3Client, bucket: str, part: str) -> str:
+    keys = [o["Key"] for o in moto.list_objects_v2(Bucket=bucket)["Contents"]]
+    return next(k for k in keys if part in k)
+
+
+@pytest.mark.parametrize(
+    ("target", "body", "error", "words"),
+    [
+        ("snapshot.json", b"{not json", CorruptStateError, "not valid JSON"),
+        ("0000000001.json", b"\xff\xfe", CorruptStateError, "not valid JSON"),
+        ("0000000001.json", b"[1, 2]", CorruptStateError, "not a JSON object"),
+        ("0000000001.json", b'{"seq": 2}', CorruptStateError, "holds history entry 2, not 1"),
+        # What is inside an entry or snapshot is the core's to judge, at load; the message
+        # names the State, a note names where it is stored.
+        ("0000000001.json", b'{"seq": 1}', CorruptStateError, "no schema version"),
+        ("snapshot.json", b'{"v": 99, "id": "s"}', SchemaVersionError, "upgrade alpineagents"),
+        ("0000000000.json", b'{"v": 99, "seq": 0}', SchemaVersionError, "schema version 99"),
+    ],
+)
+async def test_a_damaged_or_future_object_is_named(
+    mode: Mode,
+    target: str,
+    body: bytes,
+    error: type[Exception],
+    words: str,
+    stores: Stores,
+    moto: S3Client,
+) -> None:
+    io = await saved_state(mode, stores)
+    bucket = stores.bucket
+    key = key_of(moto, bucket, target)
+    metadata = moto.head_object(Bucket=bucket, Key=key)["Metadata"]
+    moto.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata)
+
+    with pytest.raises(error, match=words) as raised:
+        await io.load("s")
+    told = "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
+    assert f"s3://{bucket}/{key}" in told or f"s3://{bucket}/runs/s/" in told
+
+
+async def test_an_object_of_a_newer_layout_is_refused_naming_it(
+    mode: Mode, stores: Stores, moto: S3Client
+) -> None:
+    io = await saved_state(mode, stores)
+    bucket = stores.bucket
+    key = key_of(moto, bucket, "snapshot.json")
+    metadata = moto.head_object(Bucket=bucket, Key=key)["Metadata"]
+    body = moto.get_object(Bucket=bucket, Key=key)["Body"].read()
+    moto.put_object(
+        Bucket=bucket, Key=key, Body=body, Metadata={**metadata, "alpineagents-layout": "2"}
+    )
+
+    for attempt in (io.load("s"), io.list()):
+        with pytest.raises(SchemaVersionError, match="upgrade alpineagents-s3") as raised:
+            await attempt
+        assert f"s3://{bucket}/{key}" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "words"),
+    [
+        ({"task": 5}, CorruptStateError, "not an alpineagents snapshot"),
+        ({"updated_at": "2026-01-01T00:00:00"}, CorruptStateError, "not an alpineagents snapshot"),
+        ({"updated_at": None}, CorruptStateError, "not an alpineagents snapshot"),
+        ({"v": 99}, SchemaVersionError, "upgrade alpineagents"),
+    ],
+)
+async def test_list_refuses_a_snapshot_it_cannot_summarise_naming_it(
+    mode: Mode,
+    changes: dict[str, Any],
+    error: type[Exception],
+    words: str,
+    stores: Stores,
+    moto: S3Client,
+) -> None:
+    io = await saved_state(mode, stores)
+    bucket, key = stores.bucket, "runs/s/snapshot.json"
+    head = moto.head_object(Bucket=bucket, Key=key)
+    snapshot = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body = json.dumps(dict(snapshot, **changes)).encode()
+    moto.put_object(Bucket=bucket, Key=key, Body=body, Metadata=head["Metadata"])
+
+    with pytest.raises(error, match=words) as raised:
+        await io.list()
+    assert f"s3://{bucket}/{key}" in str(raised.value)
+
+
+async def test_a_snapshot_not_written_by_s3store_is_refused(
+    mode: Mode, stores: Stores, moto: S3Client
+) -> None:
+    io = await saved_state(mode, stores)
+    bucket = stores.bucket
+    snapshot = moto.get_object(Bucket=bucket, Key="runs/s/snapshot.json")["Body"].read()
+    moto.put_object(Bucket=bucket, Key="runs/s/snapshot.json", Body=snapshot)  # no metadata
+
+    with pytest.raises(CorruptStateError, match=r"s3://.*/runs/s/snapshot\.json.*metadata"):
+        await io.load("s")
+
+
+async def test_an_entry_under_the_wrong_key_is_refused(
+    mode: Mode, stores: Stores, moto: S3Client
+) -> None:
+    io = await saved_state(mode, stores)
+    bucket = stores.bucket
+    key = key_of(moto, bucket, "0000000001.json")
+    entry = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
+    moto.put_object(Bucket=bucket, Key=key, Body=json.dumps(dict(entry, seq=7)).encode())
+
+    with pytest.raises(CorruptStateError, match=r"holds history entry 7, not 1"):
+        await io.load("s")
+
+
+async def test_a_missing_entry_object_is_named(mode: Mode, stores: Stores, moto: S3Client) -> None:
+    io = await saved_state(mode, stores)
+    moto.delete_object(Bucket=stores.bucket, Key=key_of(moto, stores.bucket, "0000000001.json"))
+
+    with pytest.raises(CorruptStateError, match=r"snapshot\.json accounts for 2 .* holds 1"):
+        await io.load("s")

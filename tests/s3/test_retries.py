@@ -1,0 +1,147 @@
+"""Retries: 409 conflicts (here), throttling and 5xx (botocore's retry modes), answers lost after
+S3 applied a write, and the retry configuration of the sync and async clients."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from botocore.config import Config
+
+from alpineagents import State
+from alpineagents.errors import ConcurrentWriteError
+from alpineagents_s3 import S3Store, S3StoreError, _steps
+from alpineagents_s3.testing import RequestLog
+from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict, tool_turn
+from tests.s3.helpers import ClientsSeen, LoseAnswers, Refuse, Stores, Throttle, objects
+
+
+async def test_409_conditional_request_conflict_is_retried(
+    mode: Mode, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_steps, "CONFLICT_BACKOFF", 0.001)
+    conflict = Refuse(409, "ConditionalRequestConflict", times=4)
+    io = stores.io(mode, event_hooks={"before-call.s3.PutObject": conflict})
+    state = State("contended", id="s")
+
+    await io.save(state)  # entry, then snapshot create: 409, 409, ... then through
+    state.add_user_message("more")
+    conflict.left = 2
+    await io.save(state)
+    assert (await io.load("s")).history == state.history
+    # A conflict that does not end: the save fails, naming the object.
+    conflict.left = None
+    state.data = {"x": 1}
+    with pytest.raises(ConcurrentWriteError, match=r"s3://.*/runs/s/snapshot\.json.*409"):
+        await io.save(state)
+    assert conflict.refused == 4 + 2 + _steps.CONFLICT_ATTEMPTS
+
+
+def test_throttling_and_5xx_are_retried_by_botocore(moto_url: str, moto_bucket: MakeBucket) -> None:
+    bucket = moto_bucket()
+    log, slow = RequestLog(), Throttle(times=1)
+    hooks: dict[str, Callable[..., Any]] = {**log.hooks, "before-send.s3.PutObject": slow}
+    with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=hooks) as store:
+        store.write("s", entry_dicts(0, 1), snapshot_dict("s", 1), create=True)
+        assert log.counts() == {"PUT": 3}  # a 503 SlowDown, then the entry and the snapshot
+        assert store.read("s") is not None
+
+    # After the retries run out: the store's exception, naming the key.
+    hooks = {"before-send.s3.PutObject": Throttle(times=10)}
+    config = Config(retries={"mode": "standard", "total_max_attempts": 2})
+    with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=hooks, config=config) as store:
+        with pytest.raises(S3StoreError, match=r"s3://.*/runs/t/entries/.*SlowDown.*HTTP 503"):
+            store.write("t", entry_dicts(0, 1), snapshot_dict("t", 1), create=True)
+
+
+async def test_answers_lost_after_s3_applied_the_write_are_recognised(
+    mode: Mode, stores: Stores
+) -> None:
+    lose = LoseAnswers()
+    io = stores.io(mode, event_hooks={"needs-retry.s3.PutObject": lose})
+    state = State("lost answers", id="lost")
+
+    await io.save(state)  # entry and create: each repeated, each 412, each recognised
+    tool_turn(state, 1)
+    await io.save(state)  # entries, and the If-Match snapshot repeated after it applied
+    state.data["more"] = True
+    await io.save(state)
+    loaded = await io.load("lost")
+    assert loaded.history == state.history and loaded.data == {"more": True}
+    assert {o.kind for o in await objects(io, "lost")} == {"entry", "snapshot"}
+    assert lose.repeated == 6
+
+
+async def test_a_create_retried_by_a_new_attempt_finds_its_own_state(
+    mode: Mode, stores: Stores
+) -> None:
+    """A create that S3 applied but whose answer was lost (the call raised), retried by the
+    Agent's next save with a newer snapshot, is recognised by its write token."""
+    lost = {"left": 1}
+    creating = threading.local()
+
+    def mark(params: dict[str, Any], **kwargs: Any) -> None:
+        creating.snapshot = params["url"].endswith("/snapshot.json") and (
+            "If-None-Match" in params["headers"]
+        )
+
+    def lose_create_answer(**kwargs: Any) -> None:
+        if getattr(creating, "snapshot", False) and lost["left"]:
+            lost["left"] -= 1
+            raise ConnectionResetError("the answer was lost after S3 applied the PUT")
+
+    io = stores.io(
+        mode,
+        event_hooks={
+            "before-call.s3.PutObject": mark,
+            "after-call.s3.PutObject": lose_create_answer,
+        },
+    )
+    entries, snapshot = entry_dicts(0, 3), snapshot_dict("again", 3)
+
+    with pytest.raises(S3StoreError, match="ConnectionResetError"):
+        await io.write("again", entries, snapshot, create=True)
+    assert lost["left"] == 0
+    later = dict(snapshot, updated_at="2026-01-01T00:00:09+00:00")
+    await io.write("again", entries, later, create=True)  # not "id taken"
+    await io.write("again", entry_dicts(3, 4), snapshot_dict("again", 4))
+    found = await objects(io, "again")
+    assert [o.kind for o in found] == ["entry"] * 4 + ["snapshot"]
+    record = await io.read("again")
+    assert record is not None and record.snapshot == snapshot_dict("again", 4)
+
+
+# Configuration -------------------------------------------------------------------------------
+
+
+def test_retry_mode_defaults_to_standard_and_follows_the_configuration(
+    moto_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def retries(store: S3Store) -> Any:
+        with store:
+            config: Any = store.client.meta.config
+            return config.retries
+
+    assert retries(S3Store("b-b-b", endpoint_url=moto_url)) == {
+        "mode": "standard",
+        "total_max_attempts": 5,
+    }
+    adaptive = Config(retries={"mode": "adaptive"})
+    with_config = S3Store("b-b-b", endpoint_url=moto_url, config=adaptive)
+    assert retries(with_config)["mode"] == "adaptive"
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")  # the standard boto configuration wins
+    assert retries(S3Store("b-b-b", endpoint_url=moto_url)) == {"mode": "adaptive"}
+
+
+async def test_async_clients_get_the_same_configuration(mode: Mode, stores: Stores) -> None:
+    """What the client making the calls is configured with, seen by a botocore hook."""
+    seen = ClientsSeen()
+    io = stores.io(mode, max_concurrency=32, event_hooks={"before-call.s3": seen})
+    await io.list()
+    assert seen.configs and seen.clients == 1
+    config = seen.configs[0]
+    assert config.retries == {"mode": "standard", "total_max_attempts": 5}
+    assert config.max_pool_connections == 32
+    assert seen.urls[0].startswith(f"{stores.url}/{stores.bucket}")
