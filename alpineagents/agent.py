@@ -175,7 +175,10 @@ class Agent:
     def run(self, state: State) -> Any:
         """Run ``state`` until it stops, and return the reply, the answer or the question.
 
-        The State is saved at every save point when the Agent has a store.
+        The State is saved at every save point when the Agent has a store. A State that
+        stopped and got nothing new since returns the same result without a model request,
+        except one stopped by ``max_steps``: running it again continues it, with up to
+        ``max_steps`` more model requests (no user message needed).
         """
         try:
             asyncio.get_running_loop()
@@ -293,8 +296,9 @@ class Agent:
 
     def _steps(self, state: State) -> Generator[Op, Any, Any]:
         self._begin(state)
-        if state._unchanged_since_stop():
+        if state._unchanged_since_stop() and state.stopped_by != "max_steps":
             # Stopped, and nothing added since: the same answer, without a model request.
+            # (A State stopped by max_steps continues instead, with a new budget of steps.)
             yield SavePoint.RUN_STARTS
             yield SavePoint.RUN_ENDS
             return state.answer
