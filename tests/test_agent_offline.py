@@ -56,11 +56,13 @@ def python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_tools_are_really_hidden(without_dev_tools: dict[str, str]) -> None:
     done = python("import pytest", without_dev_tools)
     assert done.returncode == 1 and "No module named 'pytest'" in done.stderr
 
 
+@pytest.mark.slow
 def test_offline_models_import_and_run_without_pytest(without_dev_tools: dict[str, str]) -> None:
     done = python(
         "from alpineagents import Agent, State\n"
@@ -73,6 +75,7 @@ def test_offline_models_import_and_run_without_pytest(without_dev_tools: dict[st
     assert done.stdout.splitlines()[-1] == "scripted"
 
 
+@pytest.mark.slow
 def test_the_conformance_suite_without_pytest_says_how_to_install_it(
     without_dev_tools: dict[str, str],
 ) -> None:
@@ -89,6 +92,7 @@ def test_the_conformance_suite_imports_with_pytest() -> None:
     assert StoreConformance.__module__ == StoreIO.__module__ == "alpineagents.testing._store_suite"
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 def test_the_demo_runs_without_dev_tools_and_keeps_its_runs(
     without_dev_tools: dict[str, str], tmp_path: Path
@@ -119,6 +123,7 @@ def test_the_demo_runs_without_dev_tools_and_keeps_its_runs(
     assert [s["id"] for s in json.loads(listed.stdout)] == ["book-oslo-trip-2", "book-oslo-trip"]
 
 
+@pytest.mark.slow
 def test_the_demo_help_without_dev_tools(without_dev_tools: dict[str, str]) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "alpineagents.demo", "--help"],
@@ -181,11 +186,13 @@ def venv(tmp_path: Path) -> Path:
 PIP = "-m pip install --quiet --disable-pip-version-check"
 
 
+@pytest.mark.slow
 def test_demo_sh_installs_the_core_alone_and_only_once(venv: Path) -> None:
     assert demo_sh(venv) == [f"{PIP} -e .", "-m alpineagents.demo"]
     assert demo_sh(venv, "--dir", "runs") == ["-m alpineagents.demo --dir runs"]
 
 
+@pytest.mark.slow
 def test_demo_sh_installs_the_plugin_and_moto_only_for_store_s3(venv: Path) -> None:
     assert demo_sh(venv, "--store", "s3") == [
         f"{PIP} -e .",
@@ -200,6 +207,7 @@ def test_demo_sh_installs_the_plugin_and_moto_only_for_store_s3(venv: Path) -> N
     ]
 
 
+@pytest.mark.slow
 def test_demo_sh_installs_again_when_what_it_installed_changed(venv: Path) -> None:
     demo_sh(venv)
     stamp = venv / ".alpineagents-demo-core"

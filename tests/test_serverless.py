@@ -133,6 +133,7 @@ def test_warm_events_start_and_continue_conversations(
     assert [kind for kind, _ in history(env, "c-2")] == ["task", "model"]
 
 
+@pytest.mark.slow
 def test_cold_events_each_in_a_new_process(env: dict[str, str]) -> None:
     assert cold_ok({"conversation_id": "c-9", "message": "hello"}, env)["stopped_by"] == "reply"
     reply = cold_ok({"conversation_id": "c-9", "message": "and order 7?"}, env)["reply"]
@@ -142,6 +143,7 @@ def test_cold_events_each_in_a_new_process(env: dict[str, str]) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_conversation_stopped_by_max_steps_continues_without_a_message(
     env: dict[str, str],
 ) -> None:
@@ -162,6 +164,7 @@ def test_continuing_an_unknown_conversation_is_refused(warm: ModuleType) -> None
         warm.handler({"conversation_id": "c-none"}, None)
 
 
+@pytest.mark.slow
 def test_a_retry_after_a_missing_api_key_continues_the_saved_conversation(
     env: dict[str, str],
 ) -> None:
