@@ -76,7 +76,8 @@ class SavePoint(StrEnum):
     RUN_ENDS = "run_ends"
     """The run stops (reply, ``finish``, ``ask``, ``max_steps``): the last steps and the stop."""
     BEFORE_THINK = "before_think"
-    """Before each model request: the model is never asked about a step not saved."""
+    """Before each model request, so that the model is never asked about a step the store
+    lacks (the saves before it have usually written everything; then it writes nothing)."""
     AFTER_THINK = "after_think"
     """After a model response that does not end the turn (tool calls, a pause)."""
     AFTER_TOOL_RESULT = "after_tool_result"
