@@ -8,8 +8,8 @@ optionally ``list``, ``delete``) or their async twins (``awrite``, ``aread``, ``
 * the async methods of a sync store run the sync method on a worker thread;
 * the sync methods of an async-only store refuse with a message that says to use ``arun``.
 
-``load`` and ``aload`` (and ``get``/``aget``, which answer ``None`` for an unknown id) are
-built on ``read``, and ``save`` and ``asave`` on ``write``: a save
+``load`` and ``aload`` are built on ``read`` (and ``get``/``aget``, which answer ``None`` for
+an unknown id, on them), and ``save`` and ``asave`` on ``write``: a save
 writes what the store lacks of a State, a load rebuilds the State and applies the resume
 policy (what a State does with the steps that were running when its process stopped).
 """
@@ -202,15 +202,17 @@ class Store:
             else:
                 state.add_user_message(message)
         """
-        validate_id(state_id)
-        record = self.read(state_id)
-        return None if record is None else self._loaded(state_id, record)
+        try:
+            return self.load(state_id)  # a store's own load (and its error notes) applies
+        except StateNotFoundError:
+            return None
 
     async def aget(self, state_id: str) -> State | None:
         """Async ``get``."""
-        validate_id(state_id)
-        record = await self.aread(state_id)
-        return None if record is None else self._loaded(state_id, record)
+        try:
+            return await self.aload(state_id)
+        except StateNotFoundError:
+            return None
 
     def save(self, state: State) -> bool:
         """Write everything of ``state`` this store does not have yet; whether anything was.
