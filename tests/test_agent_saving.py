@@ -242,12 +242,12 @@ def test_save_points_of_a_run_with_a_tool() -> None:
     )
     agent.run(State("find k", id="run"))
     assert store.writes == [
-        ([0], True, True),  # run starts: the new State, whole
-        ([1], True, False),  # after think: the response
-        ([2], False, False),  # the tool result, at once, alone
-        ([], True, False),  # after use_tools: what is missing (the snapshot)
-        ([3], True, False),  # after think: the reply; the stop
-    ]  # before think and at the end: nothing changed, nothing written
+        ([0], True, True),  # RUN_STARTS: the new State, whole
+        ([1], True, False),  # AFTER_THINK: the response with the call
+        ([2], False, False),  # AFTER_TOOL_RESULT: the result, at once, alone
+        ([], True, False),  # AFTER_USE_TOOLS: what is missing (the snapshot)
+        ([3], True, False),  # RUN_ENDS: the reply (which ends the turn) and the stop
+    ]  # BEFORE_THINK (twice): nothing changed, nothing written
     writes = len(store.writes)
     agent.run(store.load("run"))
     assert len(store.writes) == writes  # a stopped State that runs again writes nothing
