@@ -3,11 +3,16 @@
 A run is a sequence of steps (``think``, ``use_tools``, ``compact``) with saves between them.
 The sequence lives once, in :meth:`Agent._steps`, a generator that yields what to do next;
 ``run`` and ``arun`` are two thin drivers that do it, one with blocking calls and one with
-awaits. Save points, as the user guide lists them:
+awaits. Each save happens at a named :class:`SavePoint`, in the order of the user guide's
+table "When the Agent saves":
 
-* when ``run`` starts and ends, and before and after each ``think``: everything not saved;
-* after each tool result: that result alone, at once, while other tools still run;
-* after ``use_tools`` and ``compact``: everything not saved.
+* ``RUN_STARTS`` and ``RUN_ENDS``: everything not saved yet;
+* ``BEFORE_THINK`` and ``AFTER_THINK``: everything not saved yet;
+* ``AFTER_TOOL_RESULT``: that result alone, at once, while other tools still run;
+* ``AFTER_USE_TOOLS`` and ``AFTER_COMPACT``: everything not saved yet;
+* ``AGENT_SAVE`` (``agent.save(state)``): everything not saved yet.
+
+Every save point reached is logged at DEBUG level on this module's logger, with what it wrote.
 
 When the run ends with an exception (Ctrl+C, ``sys.exit``, SIGTERM turned into
 ``SystemExit``, cancellation, an API error), tool calls without a result are closed with
@@ -28,6 +33,7 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable, Generator, Iterable
+from enum import StrEnum
 from typing import Any, Final, Literal
 
 import pydantic
@@ -54,11 +60,38 @@ from alpineagents.state import State
 from alpineagents.store import Store, open_store
 from alpineagents.tools import Tool, ToolOutcome, as_tools
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "SavePoint"]
 
 logger = logging.getLogger(__name__)
 
-Op = Literal["save", "think", "use_tools", "compact"]
+
+class SavePoint(StrEnum):
+    """Where the Agent saves a State, one member per row of the guide's "When the Agent saves".
+
+    A save writes only what the store does not have yet, and nothing when nothing changed.
+    """
+
+    RUN_STARTS = "run_starts"
+    """``run``/``arun`` starts: a new State is created in the store, a changed one updated."""
+    RUN_ENDS = "run_ends"
+    """The run stops (reply, ``finish``, ``ask``, ``max_steps``): the last steps and the stop."""
+    BEFORE_THINK = "before_think"
+    """Before each model request, so that the model is never asked about a step the store
+    lacks (the saves before it have usually written everything; then it writes nothing)."""
+    AFTER_THINK = "after_think"
+    """After a model response that does not end the turn (tool calls, a pause)."""
+    AFTER_TOOL_RESULT = "after_tool_result"
+    """Each tool result alone, at once, while the other tools of the turn still run."""
+    AFTER_USE_TOOLS = "after_use_tools"
+    """After all the tool calls of a turn have results: everything not saved yet."""
+    AFTER_COMPACT = "after_compact"
+    """After a compaction: the summary entry."""
+    AGENT_SAVE = "agent_save"
+    """``agent.save(state)``: changes made outside the Agent's steps, such as a message."""
+
+
+Step = Literal["think", "use_tools", "compact"]
+Op = Step | SavePoint
 
 COMPACTION_PROMPT: Final = (
     "Summarise the conversation so far for yourself, to continue the task from the summary "
@@ -88,6 +121,18 @@ class Agent:
         max_tokens: The longest model response.
         compact_at: When a response shows the context has grown past this many tokens,
             older steps are replaced in the context by a summary. ``None`` never compacts.
+
+    With a store, the Agent saves at these save points (:class:`SavePoint`; the user guide's
+    table "When the Agent saves", row by row); each writes only what the store lacks:
+
+    * ``run`` starts and ends: ``SavePoint.RUN_STARTS``, ``SavePoint.RUN_ENDS``;
+    * before and after each ``think``: ``SavePoint.BEFORE_THINK``, ``SavePoint.AFTER_THINK``;
+    * after each tool result: ``SavePoint.AFTER_TOOL_RESULT`` (that result alone, at once);
+    * after ``use_tools`` and ``compact``: ``SavePoint.AFTER_USE_TOOLS``,
+      ``SavePoint.AFTER_COMPACT``;
+    * ``agent.save(state)``: ``SavePoint.AGENT_SAVE``.
+
+    Each save point reached is logged at DEBUG level (logger ``alpineagents.agent``).
     """
 
     def __init__(
@@ -131,7 +176,10 @@ class Agent:
     def run(self, state: State) -> Any:
         """Run ``state`` until it stops, and return the reply, the answer or the question.
 
-        The State is saved at every save point when the Agent has a store.
+        The State is saved at every save point when the Agent has a store. A State that
+        stopped and got nothing new since returns the same result without a model request,
+        except one stopped by ``max_steps``: running it again continues it, with up to
+        ``max_steps`` more model requests (no user message needed).
         """
         try:
             asyncio.get_running_loop()
@@ -157,7 +205,9 @@ class Agent:
             return stop.value
         except BaseException as error:
             self._close_calls(state, error)
-            if self.store is not None and not (op == "save" and isinstance(error, Exception)):
+            if self.store is not None and not (
+                isinstance(op, SavePoint) and isinstance(error, Exception)
+            ):
                 # (A save that failed is not tried again at once; one interrupted is.)
                 try:
                     self.store.save(state)
@@ -185,7 +235,9 @@ class Agent:
             return stop.value
         except BaseException as error:
             self._close_calls(state, error)
-            if self.store is not None and not (op == "save" and isinstance(error, Exception)):
+            if self.store is not None and not (
+                isinstance(op, SavePoint) and isinstance(error, Exception)
+            ):
                 # (A save that failed is not tried again at once; one interrupted is.)
                 try:
                     await self.store.asave(state)
@@ -198,11 +250,11 @@ class Agent:
 
         Use it for changes outside the Agent's steps, such as the person's next message.
         """
-        self._require_store().save(state)
+        self._log_save(state, SavePoint.AGENT_SAVE, self._require_store().save(state))
 
     async def asave(self, state: State) -> None:
         """Async ``save``."""
-        await self._require_store().asave(state)
+        self._log_save(state, SavePoint.AGENT_SAVE, await self._require_store().asave(state))
 
     def close(self) -> None:
         """Close the model's client (the store is yours to close)."""
@@ -213,8 +265,10 @@ class Agent:
         await self.model.aclose()
 
     def _do(self, op: Op, state: State) -> Any:
-        if op == "save":
-            return self.store is not None and self.store.save(state)
+        if isinstance(op, SavePoint):
+            if self.store is None:
+                return False
+            return self._log_save(state, op, self.store.save(state))
         if op == "think":
             return self.think(state)
         if op == "use_tools":
@@ -222,41 +276,52 @@ class Agent:
         return self.compact(state)
 
     async def _ado(self, op: Op, state: State) -> Any:
-        if op == "save":
-            return self.store is not None and await self.store.asave(state)
+        if isinstance(op, SavePoint):
+            if self.store is None:
+                return False
+            return self._log_save(state, op, await self.store.asave(state))
         if op == "think":
             return await self.athink(state)
         if op == "use_tools":
             return await self.ause_tools(state)
         return await self.acompact(state)
 
+    @staticmethod
+    def _log_save(state: State, point: SavePoint, wrote: bool) -> bool:
+        logger.debug(
+            "State %s: save point %s: %s", state.id, point, "saved" if wrote else "nothing new"
+        )
+        return wrote
+
     # The run, once for both drivers ----------------------------------------------------
 
     def _steps(self, state: State) -> Generator[Op, Any, Any]:
         self._begin(state)
-        if state._unchanged_since_stop():
+        if state._unchanged_since_stop() and state.stopped_by != "max_steps":
             # Stopped, and nothing added since: the same answer, without a model request.
-            yield "save"
+            # (A State stopped by max_steps continues instead, with a new budget of steps.)
+            yield SavePoint.RUN_STARTS
+            yield SavePoint.RUN_ENDS
             return state.answer
         state._restart()
-        yield "save"
+        yield SavePoint.RUN_STARTS
         steps = 0
         force_compaction = False
         while True:
             if state.open_calls():
                 yield "use_tools"
-                yield "save"
+                yield SavePoint.AFTER_USE_TOOLS
                 if state.stopped_by is not None:
                     break
             if force_compaction or self._needs_compaction(state):
                 yield "compact"
-                yield "save"
+                yield SavePoint.AFTER_COMPACT
                 force_compaction = False
             if steps >= self.max_steps:
                 logger.info("State %s stopped after %d steps (max_steps)", state.id, steps)
                 state._stop("max_steps", None)
                 break
-            yield "save"
+            yield SavePoint.BEFORE_THINK
             entry: HistoryEntry = yield "think"
             steps += 1
             reason = entry.as_model().stop_reason
@@ -274,8 +339,8 @@ class Agent:
                         "after compaction"
                     )
                 force_compaction = True
-            yield "save"
-        yield "save"  # after the last think, or after use_tools: with the stop
+            yield SavePoint.AFTER_THINK
+        yield SavePoint.RUN_ENDS  # after the last think, or after use_tools: with the stop
         return state.answer
 
     def _begin(self, state: State) -> None:
@@ -412,18 +477,22 @@ class Agent:
         if self.store is None:
             return
         try:
-            _saving.save(self.store, state, entries_only=True)
+            wrote = _saving.save(self.store, state, entries_only=True)
         except Exception:
             # The other tools go on; the save after use_tools writes it or raises.
             logger.warning("State %s: saving a tool result failed", state.id, exc_info=True)
+            return
+        self._log_save(state, SavePoint.AFTER_TOOL_RESULT, wrote)
 
     async def _asave_result(self, state: State) -> None:
         if self.store is None:
             return
         try:
-            await _saving.asave(self.store, state, entries_only=True)
+            wrote = await _saving.asave(self.store, state, entries_only=True)
         except Exception:
             logger.warning("State %s: saving a tool result failed", state.id, exc_info=True)
+            return
+        self._log_save(state, SavePoint.AFTER_TOOL_RESULT, wrote)
 
     def _handle_builtins(self, state: State) -> None:
         """``finish`` with a valid answer stops the run; otherwise ``ask`` stops it."""

@@ -2,7 +2,8 @@
 
 This is the one place that knows the SDK's messages. The client is made the standard way
 (``anthropic.Anthropic()``), so ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL`` work as
-they do for the SDK, and the SDK's own retries handle 429 and 5xx answers; when they are
+they do for the SDK (without a key, the first request raises :class:`MissingAPIKeyError`
+naming ``ANTHROPIC_API_KEY``), and the SDK's own retries handle 429 and 5xx answers; when they are
 exhausted its ``RateLimitError`` and friends reach the caller unchanged.
 """
 
@@ -11,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, TypeVar
 
 import anthropic
 
+from alpineagents.errors import AlpineAgentsError
 from alpineagents.model import Model, ModelRequest, ModelResponse
 
-__all__ = ["AnthropicModel"]
+__all__ = ["AnthropicModel", "MissingAPIKeyError"]
 
 _USAGE_KEYS = (
     "input_tokens",
@@ -25,6 +27,28 @@ _USAGE_KEYS = (
     "cache_creation_input_tokens",
     "cache_read_input_tokens",
 )
+
+
+_Client = TypeVar("_Client", anthropic.Anthropic, anthropic.AsyncAnthropic)
+
+
+class MissingAPIKeyError(AlpineAgentsError, TypeError):
+    """No Anthropic API key: ``ANTHROPIC_API_KEY`` is not set and no client was given.
+
+    A ``TypeError`` too, as the SDK's own error for a missing key is, so code that caught
+    that still catches this.
+    """
+
+
+def _own_client_checked(client: _Client) -> _Client:
+    """``client``, made by this model, if it has credentials; else a clear error."""
+    if client.api_key is None and client.auth_token is None:
+        raise MissingAPIKeyError(
+            "no Anthropic API key: set the ANTHROPIC_API_KEY environment variable (or "
+            "ANTHROPIC_AUTH_TOKEN), or give AnthropicModel a client; to run offline, give the "
+            "Agent a model from alpineagents.testing instead of a model id"
+        )
+    return client
 
 
 class AnthropicModel(Model):
@@ -65,7 +89,8 @@ class AnthropicModel(Model):
     def request(self, request: ModelRequest) -> ModelResponse:
         """Send one Messages API request."""
         if self._client is None:
-            self._client, self._own_client = anthropic.Anthropic(), True
+            self._client = _own_client_checked(anthropic.Anthropic())
+            self._own_client = True
         message = self._client.messages.create(**self.params(request))
         return self.response(message)
 
@@ -80,7 +105,7 @@ class AnthropicModel(Model):
             return self._async_client
         loop = asyncio.get_running_loop()
         if loop not in self._own_async:
-            holder = _hold(anthropic.AsyncAnthropic())
+            holder = _hold(_own_client_checked(anthropic.AsyncAnthropic()))
             self._own_async[loop] = (holder, await anext(holder))
         return self._own_async[loop][1]
 

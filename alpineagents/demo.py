@@ -1,8 +1,12 @@
 """Save and resume, end to end: a run is killed in the middle of a tool and resumed.
 
     python -m alpineagents.demo                 # offline: FileStore, a scripted model
+    python -m alpineagents.demo --dir runs      # the same, keeping the runs in ./runs
     python -m alpineagents.demo --store s3      # the same on an embedded S3 server (moto)
     python -m alpineagents.demo --store s3://bucket/prefix   # a real bucket
+
+Without --dir the FileStore is a temporary folder, removed when the demo ends. With --dir the
+runs stay, and ``alpineagents ls runs`` lists them afterwards.
 
 With ANTHROPIC_API_KEY set, Claude plays the model instead of the script.
 
@@ -18,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -108,23 +113,32 @@ def make_model() -> Model | str:
     return FunctionModel(scripted, name="scripted-demo-model")
 
 
-def child(store_url: str, resume: bool) -> None:
+def child(store_url: str, state_id: str, resume: bool) -> None:
     """One process of the demo: start the run, or resume it."""
     options = {}
     if store_url.startswith("s3://"):
         options["event_hooks"] = _request_file_hooks(Path(os.environ["DEMO_REQUESTS"]))
     store = open_store(store_url, **options)
     agent = Agent(make_model(), system=SYSTEM, tools=TOOLS, store=store)
-    state = store.load(STATE_ID) if resume else State(TASK, id=STATE_ID)
+    state = store.load(state_id) if resume else State(TASK, id=state_id)
     print(f"   answer: {agent.run(state)}", flush=True)
+
+
+def free_id(store: Store) -> str:
+    """The demo's State id, numbered when the store already has runs of earlier demos."""
+    state_id, number = STATE_ID, 1
+    while store.read(state_id) is not None:
+        number += 1
+        state_id = f"{STATE_ID}-{number}"
+    return state_id
 
 
 # The parent: runs the children and shows what happened.
 
 
-def show(store: Store, title: str) -> None:
+def show(store: Store, state_id: str, title: str) -> None:
     """Print the demo State's history as the store has it."""
-    state = store.load(STATE_ID)
+    state = store.load(state_id)
     print(f"\n== {title}: {len(state.history)} entries in history (store.load) ==")
     for entry in state.history:
         detail = entry.text
@@ -140,8 +154,11 @@ def _short(text: str, limit: int = 110) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def run_demo(store_url: str, workdir: Path) -> None:
-    """Start the run, kill it mid-tool, resume it in a new process, and show each stage."""
+def run_demo(store_url: str, workdir: Path) -> str:
+    """Start the run, kill it mid-tool, resume it in a new process, and show each stage.
+
+    Returns the id of the State the demo ran.
+    """
     env = {
         **os.environ,
         "DEMO_LEDGER": str(workdir / "airline-ledger.jsonl"),
@@ -149,11 +166,13 @@ def run_demo(store_url: str, workdir: Path) -> None:
         "DEMO_CONFIRM_SECONDS": "30",
     }
     model = "Claude" if os.environ.get("ANTHROPIC_API_KEY") else "an offline scripted model"
-    print(f"Store: {store_url}\nModel: {model}\nTask:  {TASK}")
+    state_id = free_id(open_store(store_url))
+    print(f"Store: {store_url}\nModel: {model}\nTask:  {TASK}\nState: {state_id}")
 
     print("\n-- process 1 runs the agent; it is killed (SIGKILL) while book_flight waits --")
     first = subprocess.Popen(
-        [sys.executable, "-m", "alpineagents.demo", "--child", store_url], env=env
+        [sys.executable, "-m", "alpineagents.demo", "--child", store_url, "--id", state_id],
+        env=env,
     )
     ledger = Path(env["DEMO_LEDGER"])
     deadline = time.monotonic() + 120
@@ -170,16 +189,19 @@ def run_demo(store_url: str, workdir: Path) -> None:
     )
 
     store = open_store(store_url)
-    show(store, "what was saved before the kill")
+    show(store, state_id, "what was saved before the kill")
 
     print("\n-- process 2 loads the State and continues it --")
     env["DEMO_CONFIRM_SECONDS"] = "0"
     subprocess.run(
-        [sys.executable, "-m", "alpineagents.demo", "--child", store_url, "--resume"],
+        [
+            *(sys.executable, "-m", "alpineagents.demo", "--child", store_url),
+            *("--id", state_id, "--resume"),
+        ],
         env=env,
         check=True,
     )
-    show(store, "after the resumed run")
+    show(store, state_id, "after the resumed run")
     bookings = len(ledger.read_text().splitlines())
     print(
         f"\nbook_flight ran {bookings} time(s): the resumed run checked the booking "
@@ -188,7 +210,8 @@ def run_demo(store_url: str, workdir: Path) -> None:
         else f"\nbook_flight ran {bookings} times."
     )
     if store_url.startswith("s3://"):
-        show_objects(store, Path(env["DEMO_REQUESTS"]))
+        show_objects(store, state_id, Path(env["DEMO_REQUESTS"]))
+    return state_id
 
 
 def _request_file_hooks(path: Path) -> dict[str, Callable[..., Any]]:
@@ -210,7 +233,7 @@ def _request_file_hooks(path: Path) -> dict[str, Callable[..., Any]]:
     return {"before-send.s3": persist}
 
 
-def show_objects(store: Store, requests_file: Path) -> None:
+def show_objects(store: Store, state_id: str, requests_file: Path) -> None:
     """Print the State's objects in the bucket and the requests both processes sent."""
     requests = [json.loads(line) for line in requests_file.read_text().splitlines()]
     puts: dict[str, list[str]] = {}
@@ -219,7 +242,7 @@ def show_objects(store: Store, requests_file: Path) -> None:
             key = request["path"].split("/", 2)[2]  # /bucket/key, path-style
             puts.setdefault(key, []).append(request["condition"] or "unconditional")
     print("\n== the State's objects in the bucket (store.objects) ==")
-    for obj in store.objects(STATE_ID):  # type: ignore[attr-defined]
+    for obj in store.objects(state_id):  # type: ignore[attr-defined]
         conditions = [c.split(":")[0] for c in puts.get(obj.key, [])]
         how = "created with If-None-Match: *" if conditions[:1] == ["If-None-Match"] else "-"
         if conditions.count("If-Match"):
@@ -234,10 +257,12 @@ def show_objects(store: Store, requests_file: Path) -> None:
 
 
 @contextlib.contextmanager
-def demo_store(choice: str, workdir: Path) -> Iterator[str]:
+def demo_store(choice: str, workdir: Path, keep: Path | None) -> Iterator[str]:
     """The store URL for a --store choice, starting an embedded S3 server for "s3"."""
     if choice == "file":
-        yield str(workdir / "agent-runs")
+        folder = keep if keep is not None else workdir / "agent-runs"
+        folder.mkdir(parents=True, exist_ok=True)
+        yield str(folder)
     elif choice == "s3":
         from alpineagents_s3.testing import embedded_moto
 
@@ -247,6 +272,27 @@ def demo_store(choice: str, workdir: Path) -> Iterator[str]:
             yield "s3://alpineagents-demo/runs/"
     else:
         yield choice
+
+
+def where_the_runs_are(choice: str, url: str, state_id: str, kept: bool) -> str:
+    """The closing lines: where the demo's runs are and the commands that list and show them."""
+    if choice == "s3":
+        return (
+            "\nThe runs were in the embedded S3 server, which stopped with the demo. To keep "
+            "them, run the demo with --dir DIR (a folder) or --store s3://BUCKET/PREFIX."
+        )
+    if choice == "file" and not kept:
+        return (
+            "\nThe runs were in a temporary folder, removed now. To keep them:\n"
+            "   python -m alpineagents.demo --dir agent-runs\n"
+            "   alpineagents ls agent-runs"
+        )
+    store = shlex.quote(url)
+    return (
+        f"\nThe runs are kept in {url}. List them, and show this one:\n"
+        f"   alpineagents ls {store}\n"
+        f"   alpineagents show {store} {state_id}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -259,17 +305,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--store", default="file", help="file (default), s3 (embedded moto server) or a store URL"
     )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the runs in this folder (a FileStore) instead of a temporary one, so that "
+        "`alpineagents ls DIR` lists them afterwards",
+    )
     parser.add_argument("--child", metavar="STORE_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--id", default=STATE_ID, help=argparse.SUPPRESS)
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.resume)
+        child(args.child, args.id, args.resume)
         return
+    if args.dir is not None and args.store != "file":
+        parser.error("--dir names the folder of a FileStore: use it without --store")
     with (
         tempfile.TemporaryDirectory(prefix="alpineagents-demo-") as tmp,
-        demo_store(args.store, Path(tmp)) as url,
+        demo_store(args.store, Path(tmp), args.dir) as url,
     ):
-        run_demo(url, Path(tmp))
+        state_id = run_demo(url, Path(tmp))
+    print(where_the_runs_are(args.store, url, state_id, kept=args.dir is not None))
 
 
 if __name__ == "__main__":

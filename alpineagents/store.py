@@ -8,7 +8,8 @@ optionally ``list``, ``delete``) or their async twins (``awrite``, ``aread``, ``
 * the async methods of a sync store run the sync method on a worker thread;
 * the sync methods of an async-only store refuse with a message that says to use ``arun``.
 
-``load`` and ``aload`` are built on ``read``, and ``save`` and ``asave`` on ``write``: a save
+``load`` and ``aload`` are built on ``read`` (and ``get``/``aget``, which answer ``None`` for
+an unknown id, on them), and ``save`` and ``asave`` on ``write``: a save
 writes what the store lacks of a State, a load rebuilds the State and applies the resume
 policy (what a State does with the steps that were running when its process stopped).
 """
@@ -189,6 +190,29 @@ class Store:
         """Async ``load``."""
         validate_id(state_id)
         return self._loaded(state_id, await self.aread(state_id))
+
+    def get(self, state_id: str) -> State | None:
+        """Like ``load``, but ``None`` when the store has no State with this id.
+
+        The way to start or continue a conversation by id::
+
+            state = store.get(conversation_id)
+            if state is None:
+                state = State(message, id=conversation_id)
+            else:
+                state.add_user_message(message)
+        """
+        try:
+            return self.load(state_id)  # a store's own load (and its error notes) applies
+        except StateNotFoundError:
+            return None
+
+    async def aget(self, state_id: str) -> State | None:
+        """Async ``get``."""
+        try:
+            return await self.aload(state_id)
+        except StateNotFoundError:
+            return None
 
     def save(self, state: State) -> bool:
         """Write everything of ``state`` this store does not have yet; whether anything was.

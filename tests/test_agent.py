@@ -21,7 +21,9 @@ from alpineagents.history import TOOL_RESULT
 from alpineagents.model import ModelRequest, ModelResponse
 from alpineagents.testing import FunctionModel, TestModel, call
 from tests.helpers import (
+    Mode,
     results,
+    run,
     script,
 )
 
@@ -129,6 +131,29 @@ def test_max_steps_stops_the_run() -> None:
     state = State("loop")
     assert Agent(model, tools=[noop], max_steps=3).run(state) is None
     assert state.stopped_by == "max_steps" and len(model.requests) == 3
+
+
+async def test_a_run_stopped_by_max_steps_continues_when_run_again(
+    mode: Mode, tmp_path: Path
+) -> None:
+    def noop() -> str:
+        """Do nothing."""
+        return "ok"
+
+    store = FileStore(tmp_path)
+    model = script([call("noop")], [call("noop")], [call("noop")], "all three done")
+    state = State("three notes", id="budget")
+    assert await run(mode, Agent(model, tools=[noop], store=store, max_steps=2), state) is None
+    assert state.stopped_by == "max_steps" and len(model.requests) == 2
+    # Running it again, nothing added: it continues with a new budget, no invented message.
+    loaded = store.load("budget")
+    again = Agent(model, tools=[noop], store=store, max_steps=2)
+    assert await run(mode, again, loaded) == "all three done"
+    assert len(model.requests) == 4
+    assert [e.kind for e in store.load("budget").history].count("user") == 0
+    # Stopped by a reply, it stays stopped: the same answer, no request.
+    assert await run(mode, again, loaded) == "all three done"
+    assert len(model.requests) == 4
 
 
 def test_pause_turn_sends_the_response_back() -> None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx2
 import pytest
 
-from alpineagents import Agent, AnthropicModel, State
+from alpineagents import Agent, AnthropicModel, FileStore, State
+from alpineagents.anthropic import MissingAPIKeyError
 from tests.helpers import Mode, run
 from tests.loopback_anthropic import loopback, message, text, tool_use
 
@@ -196,6 +198,22 @@ def test_standard_environment_variables_reach_the_sdk(monkeypatch: pytest.Monkey
         assert agent.run(State("hello")) == "you said hello"
         assert asyncio.run(agent.arun(State("again"))) == "you said again"
         assert len(server.requests) == 2
+
+
+async def test_a_missing_api_key_is_named_before_any_request(
+    mode: Mode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with loopback(lambda body: message(text("never asked"))) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.env()["ANTHROPIC_BASE_URL"])
+        store = FileStore(tmp_path)
+        with pytest.raises(MissingAPIKeyError, match="ANTHROPIC_API_KEY") as raised:
+            await run(mode, Agent("claude-sonnet-5", store=store), State("hi", id="no-key"))
+        assert isinstance(raised.value, TypeError)  # as the SDK's own error is
+        assert api.requests == []
+    # The State was created as the run started; it continues once the key is there.
+    assert store.load("no-key").stopped_by is None
 
 
 def test_model_object_is_made_from_the_id() -> None:

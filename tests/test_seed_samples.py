@@ -83,6 +83,35 @@ def _type(proc: subprocess.Popen[str], line: str) -> None:
     proc.stdin.flush()
 
 
+def readme_chat_loop() -> str:
+    """README's chat loop, as README.md has it (the fenced block under "Save and resume")."""
+    readme = (SCRIPTS.parents[1] / "README.md").read_text()
+    section = readme.split("## Save and resume", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_chat_loop_with_resume_on_an_empty_store_starts_a_conversation(
+    tmp_path: Path,
+) -> None:
+    chat = tmp_path / "chat.py"
+    chat.write_text(readme_chat_loop())
+    assert "while True:" in chat.read_text() and "--resume" in chat.read_text()
+    with loopback(lambda body: message(text("Hello! Nothing to resume yet."))) as server:
+        with child(chat, "--resume", env=server.env(), cwd=tmp_path, stdin=subprocess.PIPE) as proc:
+            out = LineReader(proc)
+            _type(proc, "Plan a weekend.")
+            assert out.line() == "> Hello! Nothing to resume yet."
+            assert proc.stdin is not None
+            proc.stdin.close()  # the person leaves: input() ends the loop with EOFError
+            proc.wait(timeout=TIMEOUT)
+            assert out.rest() == ["> "]
+            assert proc.stderr is not None
+            errors = proc.stderr.read()
+            assert errors.rstrip().splitlines()[-1].startswith("EOFError")  # not IndexError
+    [saved] = FileStore(tmp_path / ".agent-runs").list()
+    assert saved.task == "Plan a weekend." and saved.stopped_by == "reply"
+
+
 @pytest.mark.crash
 def test_chat_loop_resumes_the_last_conversation_after_a_kill(tmp_path: Path) -> None:
     shutil.copy(SCRIPTS / "chat.py", tmp_path / "chat.py")

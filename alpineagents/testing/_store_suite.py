@@ -84,6 +84,11 @@ class StoreIO:
         result: State = await self._call("load", state_id)
         return result
 
+    async def get(self, state_id: str) -> State | None:
+        """``get`` or ``aget``."""
+        result: State | None = await self._call("get", state_id)
+        return result
+
     async def save(self, state: State) -> bool:
         """``save`` or ``asave``."""
         result: bool = await self._call("save", state)
@@ -469,6 +474,21 @@ class StoreConformance:
         again.answer["a"].append(2)
         assert await io.save(again) is True
         assert (await io.load("changes")).answer == {"a": [1, 2]}
+
+    @scenario
+    async def test_get_starts_or_continues_a_state_by_id(self, io: StoreIO) -> None:
+        assert await io.get("unknown-yet") is None
+        with pytest.raises(ValueError, match="invalid State id"):
+            await io.get("not/an/id")
+        await io.save(State("first message", id="unknown-yet"))
+        state = await io.get("unknown-yet")
+        assert state is not None and state.task == "first message"
+        state.add_user_message("second message")
+        assert await io.save(state) is True  # a State get returns is saved in this store
+        assert [e.text for e in (await io.load("unknown-yet")).history] == [
+            "first message",
+            "second message",
+        ]
 
     @scenario
     async def test_new_state_with_a_saved_id_is_refused(self, io: StoreIO) -> None:
