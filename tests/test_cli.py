@@ -604,6 +604,11 @@ def test_help_adds_little_to_importing_the_package() -> None:
 @pytest.mark.slow
 @needs_script
 def test_help_starts_in_well_under_a_second() -> None:
+    # The CPU time the command uses, not the wall time: the machine may be busy with other work.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run([str(SCRIPT), "--help"], capture_output=True, timeout=60, check=True)
-    assert time.perf_counter() - start < 0.8
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 0.6, f"alpineagents --help used {cpu:.2f} s of CPU ({wall:.2f} s wall)"

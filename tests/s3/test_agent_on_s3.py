@@ -41,7 +41,8 @@ def test_agent_run_saves_to_s3_without_reading_and_resumes_elsewhere(
     assert agent.run(state) == "done"
     # Saving never reads an object: a tool result saved alone is only checked with a HEAD.
     counts = log.counts()
-    assert set(counts) == {"PUT", "HEAD"} and counts["HEAD"] == 2  # the results of lookup and forecast
+    # One HEAD for each of the results of lookup and forecast.
+    assert set(counts) == {"PUT", "HEAD"} and counts["HEAD"] == 2
     assert agent.store is not None
     agent.store.close()
 
