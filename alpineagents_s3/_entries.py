@@ -1,0 +1,265 @@
+"""Storing a save's entries: conflicts at a seq, leftovers of refused writers, orphans.
+
+An entry is PUT with ``If-None-Match: *``. A 412 means the seq is stored: by this store object
+before (an answer lost: the same entry, skipped), by a writer that lost a race or held a stale
+copy (an entry based on an older snapshot, beyond what the stored snapshot counts: replaced), or
+by a second writer (refused, and this save's other entries are disowned). Orphans, entries beyond
+a gap left by a save killed halfway, are replaced or deleted before a save fills the gap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from alpineagents_s3._codec import loads_entry
+from alpineagents_s3._deleting import check_deletes, delete_keys
+from alpineagents_s3._layout import BASE_META, ENTRIES_META, REFUSED_BASE, Layout
+from alpineagents_s3._steps import Steps, error_code
+from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
+from alpineagents_s3._versions import Ledger, Version
+from alpineagents_s3.errors import ConcurrentWriteError
+
+logger = logging.getLogger("alpineagents_s3")
+
+
+def clear_orphans(
+    layout: Layout,
+    ledger: Ledger,
+    state_id: str,
+    version: Version,
+    bodies: Mapping[int, bytes],
+) -> Steps[tuple[Version, set[int]]]:
+    """Replace or delete the orphans, before a write fills the gap below them (lock held).
+
+    Each orphan the write has an entry for is replaced (``If-Match`` on the orphan's ETag), the
+    others are deleted, so that no entry of the save that was stopped ever joins the history.
+    Returns the Version now, and the seqs stored here. Never touches a seq of the unbroken run:
+    orphans all lie beyond ``version.gap``. The deletes are unconditional (S3-compatible servers
+    such as LocalStack refuse a conditional DeleteObject), hence the lock.
+    """
+    cleared = replace(version, orphans={})
+    current = ledger.versions.get(state_id)
+    if current is None or current.generation != version.generation or not current.orphans:
+        return cleared, set()  # cleared by a write that held the lock before us
+    orphans = dict(current.orphans)
+    stale = [
+        layout.entry_key(state_id, version.generation, seq)
+        for seq in sorted(orphans)
+        if seq not in bodies
+    ]
+    puts = {
+        seq: layout.entry_key(state_id, version.generation, seq) for seq in orphans if seq in bodies
+    }
+    calls = [
+        layout.entry_put(
+            state_id, version.generation, seq, bodies[seq], version.etag, IfMatch=orphans[seq]
+        )
+        for seq in puts
+    ]
+    outcomes = yield from layout.send(calls + layout.delete_many(stale))
+    stored: set[int] = set()
+    changed: list[int] = []
+    for (seq, key), outcome in zip(puts.items(), outcomes, strict=False):
+        if not isinstance(outcome, Exception):
+            stored.add(seq)
+        elif error_code(outcome) in PRECONDITION_CODES:
+            changed.append(seq)  # replaced since we listed it: by whom?
+        elif error_code(outcome) not in NOT_FOUND_CODES:  # gone: it is PUT anew later
+            layout.fail(outcome, key, "PutObject", f"If-Match: {orphans[seq]}")
+    check_deletes(layout, stale, outcomes[len(calls) :], required=True)
+    if changed:
+        found = yield from layout.send([layout.get(puts[seq]) for seq in changed])
+        for seq, outcome in zip(changed, found, strict=True):
+            key = puts[seq]
+            if isinstance(outcome, Exception):
+                if error_code(outcome) in NOT_FOUND_CODES:
+                    continue
+                layout.fail(outcome, key, "GetObject (a replaced orphan)")
+            if loads_entry(outcome["Body"], layout.url(key), seq) != json.loads(bodies[seq]):
+                raise second_writer(layout, state_id, key, seq)
+            stored.add(seq)  # our own replacement, whose answer was lost
+    if ledger.versions.get(state_id) is current:
+        ledger.versions[state_id] = replace(current, orphans={})
+    logger.debug(
+        "cleared %d orphan entries of %s: %d replaced, %d deleted",
+        len(orphans),
+        state_id,
+        len(stored),
+        len(stale),
+    )
+    return cleared, stored
+
+
+def second_writer(layout: Layout, state_id: str, key: str, seq: int) -> ConcurrentWriteError:
+    return ConcurrentWriteError(
+        f"{layout.url(key)} already holds a different history entry {seq} of State "
+        f"{state_id!r}: another process is running this State, or ran it since this one loaded "
+        f"it. Load it again with store.load({state_id!r}) and continue from what is saved"
+    )
+
+
+def put_entries(
+    layout: Layout,
+    state_id: str,
+    version: Version,
+    entries: Sequence[dict[str, Any]],
+    bodies: Mapping[int, bytes],
+) -> Steps[list[str]]:
+    """PUT entries with If-None-Match, based on ``version``; return the keys written.
+
+    A seq already stored is skipped when it holds the same entry from a writer with the same
+    base (our own PUT whose answer was lost). One a writer stored on top of an older snapshot
+    (a writer that lost, or a stale copy) beyond what the stored snapshot counts is replaced:
+    that writer's snapshot PUT can never land, so its entry is no one's. Anything else is a
+    second writer: then the entries this call did write are disowned, so no reader replays them.
+    """
+    generation, base = version.generation, version.etag
+    seqs = [entry["seq"] for entry in entries]
+    keys = [layout.entry_key(state_id, generation, seq) for seq in seqs]
+    outcomes = yield from layout.send(
+        [
+            layout.entry_put(state_id, generation, seq, bodies[seq], base, IfNoneMatch="*")
+            for seq in seqs
+        ]
+    )
+    mine: dict[int, str] = {}  # index -> ETag, of the entries this call stored
+    taken: list[int] = []
+    for i, outcome in enumerate(outcomes):
+        if not isinstance(outcome, Exception):
+            mine[i] = outcome.get("ETag", "")
+        elif error_code(outcome) in PRECONDITION_CODES:
+            taken.append(i)
+        else:
+            layout.fail(outcome, keys[i], "PutObject", "If-None-Match: *")
+    if taken:
+        try:
+            replaced = yield from _settle_taken(
+                layout, state_id, version, seqs, keys, bodies, taken
+            )
+        except ConcurrentWriteError:
+            yield from _disown(layout, state_id, version, seqs, bodies, mine)
+            raise
+        except KeyError:  # the State was deleted: no one else writes under its generation
+            yield from delete_keys(layout, [keys[i] for i in mine], required=False)
+            raise
+        mine.update(replaced)
+    return [keys[i] for i in sorted(mine)]
+
+
+def _settle_taken(
+    layout: Layout,
+    state_id: str,
+    version: Version,
+    seqs: Sequence[int],
+    keys: Sequence[str],
+    bodies: Mapping[int, bytes],
+    taken: Sequence[int],
+) -> Steps[dict[int, str]]:
+    """Decide about entries whose If-None-Match PUT found the seq stored; return those replaced."""
+    found = yield from layout.send([layout.get(keys[i]) for i in taken])
+    other_base: dict[int, tuple[str, bool]] = {}  # index -> (ETag, same entry as ours)
+    for i, outcome in zip(taken, found, strict=True):
+        if isinstance(outcome, Exception):
+            layout.fail(outcome, keys[i], "GetObject (an entry already stored)")
+        same = outcome["Body"] == bodies[seqs[i]] or loads_entry(
+            outcome["Body"], layout.url(keys[i]), seqs[i]
+        ) == json.loads(bodies[seqs[i]])
+        if outcome.get("Metadata", {}).get(BASE_META) not in (None, version.etag):
+            other_base[i] = (outcome["ETag"], same)
+        elif not same:
+            raise second_writer(layout, state_id, keys[i], seqs[i])
+        else:
+            logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
+    if not other_base:
+        return {}
+    # Entries the stored snapshot counts are the State's, whoever based them where; one beyond
+    # its count was saved on top of an older snapshot by a writer whose snapshot PUT can never
+    # land: it is no one's, and is replaced.
+    count = yield from check_base(layout, state_id, version, "an entry stored by another writer")
+    stale: dict[int, str] = {}
+    for i, (etag, same) in other_base.items():
+        if count is not None and seqs[i] >= count:
+            stale[i] = etag
+        elif not same:
+            raise second_writer(layout, state_id, keys[i], seqs[i])
+    outcomes = yield from layout.send(
+        [
+            layout.entry_put(
+                state_id, version.generation, seqs[i], bodies[seqs[i]], version.etag, IfMatch=etag
+            )
+            for i, etag in stale.items()
+        ]
+    )
+    replaced: dict[int, str] = {}
+    for i, outcome in zip(stale, outcomes, strict=True):
+        if not isinstance(outcome, Exception):
+            replaced[i] = outcome.get("ETag", "")
+            logger.info("replaced %s, left by a refused writer", layout.url(keys[i]))
+        elif error_code(outcome) in PRECONDITION_CODES:
+            raise second_writer(layout, state_id, keys[i], seqs[i])
+        else:
+            layout.fail(outcome, keys[i], "PutObject", f"If-Match: {stale[i]}")
+    return replaced
+
+
+def _disown(
+    layout: Layout,
+    state_id: str,
+    version: Version,
+    seqs: Sequence[int],
+    bodies: Mapping[int, bytes],
+    mine: Mapping[int, str],
+) -> Steps[None]:
+    """Mark the entries of a refused save as based on nothing, so no reader replays them.
+
+    They were stored on top of the stored snapshot, like a tool result saved alone. Each is PUT
+    again with ``If-Match`` on the ETag this save got for it: one a winner has replaced since
+    is left alone. (A conditional delete would do, but S3-compatible servers refuse it.)
+    """
+    calls = [
+        layout.entry_put(
+            state_id, version.generation, seqs[i], bodies[seqs[i]], REFUSED_BASE, IfMatch=etag
+        )
+        for i, etag in mine.items()
+    ]
+    for outcome in (yield from layout.send(calls)):
+        if isinstance(outcome, Exception) and error_code(outcome) not in PRECONDITION_CODES:
+            logger.warning(
+                "could not mark an entry of a refused save of %s as not part of it: %s",
+                state_id,
+                outcome,
+            )
+
+
+def check_base(layout: Layout, state_id: str, version: Version, why: str) -> Steps[int | None]:
+    """Confirm that the stored snapshot is still the one ``version`` names (HEAD, If-Match).
+
+    Returns how many entries it counts (``None`` if its metadata does not say). Raises
+    ``StateNotFoundError`` if the State was deleted, ``ConcurrentWriteError`` if another writer
+    saved it since.
+    """
+    key = layout.snapshot_key(state_id)
+    (outcome,) = yield from layout.send([layout.head(key, IfMatch=version.etag)])
+    if not isinstance(outcome, Exception):
+        raw = outcome.get("Metadata", {}).get(ENTRIES_META, "")
+        return int(raw) if raw.isdigit() else None
+    code = error_code(outcome)
+    if code in NOT_FOUND_CODES:
+        raise layout.not_found(state_id, f": {layout.url(key)} was deleted ({why})")
+    if code in PRECONDITION_CODES:
+        raise refused(layout, state_id, version)
+    layout.fail(outcome, key, f"HeadObject ({why})", f"If-Match: {version.etag}")
+
+
+def refused(layout: Layout, state_id: str, version: Version) -> ConcurrentWriteError:
+    return ConcurrentWriteError(
+        f"State {state_id!r} was saved by another writer since this process last read or wrote "
+        f"it ({layout.url(layout.snapshot_key(state_id))} no longer has ETag {version.etag}): "
+        "two processes are running this State. What that writer saved is kept, and nothing of "
+        f"this save will be read; load it again with store.load({state_id!r}) to continue from "
+        "what is saved"
+    )
