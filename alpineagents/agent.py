@@ -1,5 +1,8 @@
 """The Agent: the run loop, its steps, and every save point.
 
+This module is long on purpose: the run loop, its steps and the save points between them are
+one sequence, kept in one place so that it can be read, and checked against the guide, in order.
+
 A run is a sequence of steps (``think``, ``use_tools``, ``compact``) with saves between them.
 The sequence lives once, in :meth:`Agent._steps`, a generator that yields what to do next;
 ``run`` and ``arun`` are two thin drivers that do it, one with blocking calls and one with

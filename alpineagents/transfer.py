@@ -1,5 +1,8 @@
 """Copy, move, export and import saved States between any two stores.
 
+(Over 400 lines because each operation has a sync and an async twin side by side, so that the
+two can be compared line by line; the decisions they share are helpers here.)
+
 ``copy_states(src, dst)`` copies States from one store to another (a folder into a bucket, one
 prefix to another, …); ``move_states`` copies, then deletes each State from the source once the
 destination holds it whole. ``export_state`` and ``import_state`` turn one State into a single

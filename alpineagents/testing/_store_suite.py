@@ -1,5 +1,8 @@
 """A conformance suite for Store implementations, ours or yours.
 
+(Over 400 lines: every requirement a store must meet is one test here, so that a store author
+reads the whole contract in one file.)
+
 Subclass :class:`StoreConformance` in a test module and give it a ``store`` fixture that
 returns a new, empty store; every test then runs in sync and in async mode::
 
