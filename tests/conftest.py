@@ -42,8 +42,16 @@ AWS_UNSET = (
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "slow: spawns processes; `pytest -m 'not slow'` is the fast lane"
+        "markers",
+        "slow: starts a process or talks to an S3 server; `pytest -m 'not slow'` is the fast lane",
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs an S3 server (moto's or LocalStack) is slow too: not in the fast lane."""
+    for item in items:
+        if {"moto_url", "localstack_url"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=["sync", "async"])
