@@ -133,6 +133,8 @@ def test_killed_right_after_a_tool_result_was_written_alone(tmp_path: Path) -> N
     runs_dir = tmp_path / "runs"
     args = (runs_dir, "turn", tmp_path, "run", "fast_slow_store")
     with child("tools_child.py", *args) as proc:
+        # Both tools run on threads of their own: the slow one may start after the write.
+        wait_for_file(tmp_path / "slow_tool.started", proc)
         wait_for_file(tmp_path / "entries-written", proc)
         sigkill(proc)
     assert json.loads((tmp_path / "entries-written").read_text()) == [2]  # that result alone
