@@ -2,7 +2,8 @@
 # Every test, on a fresh machine: set up, start the S3 emulator, run, stop.
 #
 # 1. This repository's core (editable) and the plugin's wheel (packaging/alpineagents-s3) in
-#    one virtualenv ($ALPINEAGENTS_VENV, default .venv): the whole suite, tests/plugin included.
+#    one virtualenv ($ALPINEAGENTS_VENV, default .venv), set up by scripts/setup.sh: the whole
+#    suite, tests/plugin included.
 # 2. For each published alpineagents in PUBLISHED_CORES, a virtualenv of its own with that
 #    release from the package index and the same plugin wheel: tests/plugin, the plugin's suite
 #    written against the Store contract alone (conformance on moto's server, and that core's
@@ -20,14 +21,10 @@ quiet() {  # pip, without the warnings of a pip configuration naming folders tha
     return "${PIPESTATUS[0]}"
 }
 
-# The plugin's wheel, built once from this checkout and installed into every virtualenv.
-wheels=$(mktemp -d)
-trap 'rm -rf "$wheels"' EXIT
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-quiet "$venv/bin/python" -m pip install "${pip_quiet[@]}" -e '.[dev]'
-quiet "$venv/bin/python" -m pip wheel "${pip_quiet[@]}" --no-deps -w "$wheels" ./packaging/alpineagents-s3
-plugin=$(ls "$wheels"/alpineagents_s3-*.whl)
-quiet "$venv/bin/python" -m pip install "${pip_quiet[@]}" --force-reinstall --no-deps "$plugin"
+# The plugin's wheel, built from this checkout by setup.sh (again only when the plugin, its
+# packaging or pyproject.toml changed) and installed into every virtualenv.
+ALPINEAGENTS_VENV=$venv bash scripts/setup.sh
+plugin=$(cd "$venv/wheel" && ls "$PWD"/alpineagents_s3-*.whl)  # absolute: a file:// URL below
 
 for core in $published; do
     env_dir="$venv-core-$core"
@@ -47,7 +44,7 @@ done
 if [ -z "${ALPINEAGENTS_NO_LOCALSTACK:-}" ] && [ -f localstack/localstack.sh ]; then
     bash localstack/localstack.sh install
     bash localstack/localstack.sh start
-    trap 'bash localstack/localstack.sh stop; rm -rf "$wheels"' EXIT
+    trap 'bash localstack/localstack.sh stop' EXIT
     bash localstack/localstack.sh wait
     export ALPINEAGENTS_LOCALSTACK_URL=${ALPINEAGENTS_LOCALSTACK_URL:-http://127.0.0.1:4566}
 fi

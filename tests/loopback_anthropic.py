@@ -56,7 +56,7 @@ class LoopbackAnthropic:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length))
                 with outer.received:
@@ -64,7 +64,7 @@ class LoopbackAnthropic:
                     outer.received.notify_all()
                 try:
                     result = outer.responder(body)
-                except Exception as e:  # a bug in a test's script: answer 500 with the reason
+                except Exception as e:  # noqa: BLE001 - a bug in a test's script: answer 500 with it
                     result = (
                         500,
                         {"type": "error", "error": {"type": "api_error", "message": repr(e)}},

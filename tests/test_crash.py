@@ -64,8 +64,6 @@ def texts_of(messages: list[dict[str, Any]]) -> str:
 
 @pytest.mark.slow
 @pytest.mark.crash
-@pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_killed_during_a_tool_the_call_gets_the_unknown_result_and_is_not_run_again(
     tmp_path: Path, mode: str
@@ -135,6 +133,8 @@ def test_killed_right_after_a_tool_result_was_written_alone(tmp_path: Path) -> N
     runs_dir = tmp_path / "runs"
     args = (runs_dir, "turn", tmp_path, "run", "fast_slow_store")
     with child("tools_child.py", *args) as proc:
+        # Both tools run on threads of their own: the slow one may start after the write.
+        wait_for_file(tmp_path / "slow_tool.started", proc)
         wait_for_file(tmp_path / "entries-written", proc)
         sigkill(proc)
     assert json.loads((tmp_path / "entries-written").read_text()) == [2]  # that result alone
@@ -250,7 +250,7 @@ def test_killed_between_the_compaction_entry_and_the_snapshot(tmp_path: Path) ->
     assert notice in texts_of(following)
     state = store.load("torn")
     assert state.stopped_by == "finish"
-    assert [e.text for e in state.history if e.kind == "compaction"][0] == "SUMMARY-first"
+    assert next(e.text for e in state.history if e.kind == "compaction") == "SUMMARY-first"
     assert kinds(state)[:5] == ["task", "model", "tool_result", "compaction", "notice"]
     assert kinds(state).count("notice") == 1
     assert runs(tmp_path, "note") == ["first"]
@@ -321,6 +321,7 @@ def test_the_notice_names_the_calls_saved_after_a_compaction_and_they_get_no_res
 # Ctrl+C and sys.exit: the run ends the usual way ----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "scenario", "tool", "closed"),
     [
@@ -348,6 +349,7 @@ def test_ctrl_c_closes_the_running_call_and_saves(
     assert runs(tmp_path, tool) == ["first"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_sys_exit_in_a_tool_closes_the_call_and_saves(tmp_path: Path, mode: str) -> None:
     runs_dir = tmp_path / "runs"

@@ -8,7 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
+
+# Every test here runs the demo in a child process.
+pytestmark = pytest.mark.slow
 
 
 def run_demo(*args: str, env: dict[str, str]) -> str:

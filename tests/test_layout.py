@@ -45,7 +45,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                return stack[stack.index(target) :] + [target]
+                return [*stack[stack.index(target) :], target]
             if target not in state and (found := visit(target)):
                 return found
         stack.pop()

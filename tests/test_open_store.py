@@ -23,7 +23,7 @@ def test_a_missing_s3_plugin_says_what_to_install(monkeypatch: pytest.MonkeyPatc
         return []
 
     monkeypatch.setattr(alpineagents.store, "entry_points", no_plugins)
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match="scheme 's3'") as raised:
         open_store("s3://bucket/prefix")
     assert str(raised.value) == (
         "no store is registered for the scheme 's3' of 's3://bucket/prefix': install it with "

@@ -79,15 +79,15 @@ def make_model(script: Sequence[Step]) -> Any:
 
         return FunctionModel(respond, name="scripted")
 
-    from alpineagents.testing import FakeModel, tool_call
-
+    # The published API, which this repository's core (the one type-checked against) lacks.
+    published: Any = alpineagents.testing
     replies: list[Any] = []
     for step in script:
         if step[0] == "call":
-            replies.append(tool_call(step[1], **step[2]))
+            replies.append(published.tool_call(step[1], **step[2]))
         else:
             replies.append(step[1])
-    return FakeModel(replies, name="scripted")
+    return published.FakeModel(replies, name="scripted")
 
 
 def make_agent(model: Any, tools: Sequence[Callable[..., Any]], store: Any) -> Any:
@@ -95,15 +95,16 @@ def make_agent(model: Any, tools: Sequence[Callable[..., Any]], store: Any) -> A
     tool_objects = [make_tool(t) for t in tools]
     if FLAVOUR == "repo":
         return alpineagents.Agent(model, tools=tool_objects, store=store)
-    return alpineagents.Agent(model, tools=tool_objects, store=store, reporter=None, human=None)
+    published_agent: Any = alpineagents.Agent  # its reporter and human: published cores only
+    return published_agent(model, tools=tool_objects, store=store, reporter=None, human=None)
 
 
 def make_state(task: str, state_id: str) -> Any:
     """A new State with the id ``state_id`` and ``task`` as the first user message."""
-    State = alpineagents.State
-    if "messages" in inspect.signature(State).parameters:  # 0.5+: keyword-only, messages
-        return State(id=state_id, messages=[alpineagents.Message.user(task)])
-    return State(task, id=state_id)
+    state_class: Any = alpineagents.State  # typed as this repository's, which has no messages
+    if "messages" in inspect.signature(state_class).parameters:  # 0.5+: keyword-only, messages
+        return state_class(id=state_id, messages=[alpineagents.Message.user(task)])
+    return state_class(task, id=state_id)
 
 
 # Running -------------------------------------------------------------------------------------

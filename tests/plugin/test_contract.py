@@ -23,6 +23,7 @@ import pytest
 
 import alpineagents
 import alpineagents.store
+import alpineagents.testing
 from alpineagents_s3 import (
     BucketNotFoundError,
     ConcurrentWriteError,
@@ -265,7 +266,7 @@ def test_a_state_created_without_a_snapshot_takes_its_id(io: IO) -> None:
     io.write("mid-turn", entries(0, 2), None, create=True)
     record = io.read("mid-turn")
     assert list(record.entries) == entries(0, 2) and small_of(record) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(StateExistsError, match="id 'mid-turn'"):
         io.write("mid-turn", entries(0, 1), small(1), create=True)
     io.write("mid-turn", entries(2, 3), small(3))
     assert small_of(io.read("mid-turn")) == small(3)
@@ -289,7 +290,7 @@ def test_the_same_create_from_two_store_objects_has_one_winner(
 ) -> None:
     first, second = IO(make_store(), mode), IO(make_store(), mode)
     first.write("race", entries(0, 2), small(2), create=True)
-    with pytest.raises(ValueError):
+    with pytest.raises(StateExistsError, match="id 'race'"):
         second.write("race", entries(0, 2), small(2), create=True)
 
 
@@ -342,14 +343,12 @@ def test_orphans_of_a_killed_save_are_left_out_then_replaced(io: IO, s3: Any, bu
 
 def _new_state(state_id: str, task: str) -> Any:
     """A State made by the installed core's public API."""
-    from alpineagents import State
-
+    # Typed as this repository's core, which is the one mypy sees: the 0.5+ calls go through Any.
+    core: Any = alpineagents
     try:
-        return State(task, id=state_id)  # 0.2-0.4 and this repository's core
+        return core.State(task, id=state_id)  # 0.2-0.4 and this repository's core
     except TypeError:
-        from alpineagents import Message  # 0.5+
-
-        return State(id=state_id, messages=[Message.user(task)])
+        return core.State(id=state_id, messages=[core.Message.user(task)])  # 0.5+
 
 
 def _save(store: S3Store, state: Any, mode: str) -> None:
@@ -360,16 +359,11 @@ def _save(store: S3Store, state: Any, mode: str) -> None:
         else:
             asyncio.run(store.asave(state))
         return
-    from alpineagents import Agent
-
-    try:
-        from alpineagents.testing import FakeModel  # published
-
-        agent = Agent(model=FakeModel([]), store=store, reporter=None)
-    except ImportError:
-        from alpineagents.testing import TestModel  # this repository's core
-
-        agent = Agent(model=TestModel(), store=store)
+    core: Any = alpineagents  # as in _new_state: FakeModel and reporter are not this core's
+    if hasattr(core.testing, "FakeModel"):  # published
+        agent = core.Agent(model=core.testing.FakeModel([]), store=store, reporter=None)
+    else:  # this repository's core
+        agent = core.Agent(model=core.testing.TestModel(), store=store)
     if mode == "sync":
         agent.save(state)
     else:
@@ -382,7 +376,7 @@ def test_list_gives_the_cores_own_summaries_newest_first(make_store: MakeStore, 
         _save(store, _new_state(f"listed-{n}", f"task {n}"), mode)
         time.sleep(0.02)
     listed = IO(store, mode).list()
-    core = alpineagents.store
+    core: Any = alpineagents.store  # StateInfo: 0.5+ only
     summary = core.StateInfo if GENERATION == "info" else core.SavedState
     assert all(type(s) is summary for s in listed)
     assert [s.id for s in listed] == ["listed-2", "listed-1", "listed-0"]

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ def exit_tool() -> str:
     sys.exit(3)
 
 
-TOOLS = [slow_tool, slow_async_tool, fast_tool, exit_tool]
+TOOLS: list[Callable[..., Any]] = [slow_tool, slow_async_tool, fast_tool, exit_tool]
 
 
 def tool_call(name: str, **tool_input: Any) -> dict[str, Any]:

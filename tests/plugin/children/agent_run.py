@@ -31,9 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/plugin, for cores.py
 
-import cores  # noqa: E402
+import cores
 
-from alpineagents_s3 import S3Store  # noqa: E402
+from alpineagents_s3 import S3Store
 
 ANSWER = "Booked AA100."
 TASK = "Book flight AA100."
