@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Agent",
-    "AnthropicModel",
     "AlpineAgentsError",
+    "AnthropicModel",
     "ConcurrentWriteError",
     "CorruptStateError",
     "FileStore",

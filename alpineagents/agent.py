@@ -214,7 +214,7 @@ class Agent:
                 # (A save that failed is not tried again at once; one interrupted is.)
                 try:
                     self.store.save(state)
-                except Exception as save_error:
+                except Exception as save_error:  # noqa: BLE001 - noted on the run's own error
                     _note_failed_save(error, save_error)
                 # Ctrl+C while saving propagates from here instead of the original.
             raise
@@ -244,7 +244,7 @@ class Agent:
                 # (A save that failed is not tried again at once; one interrupted is.)
                 try:
                     await self.store.asave(state)
-                except Exception as save_error:
+                except Exception as save_error:  # noqa: BLE001 - noted on the run's own error
                     _note_failed_save(error, save_error)
             raise
 
@@ -604,7 +604,7 @@ def _call_into(
 ) -> None:
     try:
         done.put((call, tool.call(call["input"])))
-    except BaseException as e:  # not an Exception: Tool.call turns those into error results
+    except BaseException as e:  # noqa: BLE001 - Tool.call turns an Exception into an error result; anything else is handed on
         done.put((call, e))
 
 

@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _closed_pipe()
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
-    except Exception as e:  # noqa: BLE001 - mapped to one line, or re-raised when unexpected
+    except Exception as e:
         if os.environ.get("ALPINEAGENTS_DEBUG"):
             raise
         message, status = _explain(e)

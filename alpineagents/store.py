@@ -44,9 +44,9 @@ __all__ = [
 # Not part of the Store contract: the serialiser's helpers stay importable from here only
 # while this repository's S3 plugin still imports them from this module (it is moving to its
 # own copies); new code must not use them.
-from alpineagents._serialize import dumps as dumps  # noqa: E402
-from alpineagents._serialize import loads as loads  # noqa: E402
-from alpineagents._serialize import same_snapshot as same_snapshot  # noqa: E402
+from alpineagents._serialize import dumps as dumps
+from alpineagents._serialize import loads as loads
+from alpineagents._serialize import same_snapshot as same_snapshot
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ class Tool:
             else:
                 value = self.function(**kwargs)
             return ToolOutcome(result_text(value))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a tool that fails gives an error result
             return ToolOutcome(error_text(e), True, e)
 
     async def acall(self, tool_input: Any) -> ToolOutcome:
@@ -117,7 +117,7 @@ class Tool:
             else:
                 value = await asyncio.to_thread(self.function, **kwargs)
             return ToolOutcome(result_text(value))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a tool that fails gives an error result
             return ToolOutcome(error_text(e), True, e)
 
     def _invalid(self, error: pydantic.ValidationError) -> ToolOutcome:

@@ -167,7 +167,7 @@ class MemoryStore(Store):
                 return
             if state_id not in self._states:
                 raise KeyError(state_id)
-            saved, old = self._states[state_id]
+            saved = self._states[state_id][0]
             for entry in entries:
                 saved.setdefault(entry["seq"], copy.deepcopy(entry))
             if snapshot is not None:

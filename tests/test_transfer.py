@@ -234,7 +234,7 @@ def test_export_import_round_trip(make_store: StoreFactory) -> None:
 
     changed = json.loads(text)
     changed["snapshot"]["data"] = {"i": 99}
-    with pytest.raises(TransferConflictError, match="'run-0'.*backup.json"):
+    with pytest.raises(TransferConflictError, match=r"'run-0'.*backup\.json"):
         import_state(dst, changed, where="backup.json")
     assert import_state(dst, changed, on_exists="skip").action == "kept"
     assert import_state(dst, changed, on_exists="overwrite").action == "replaced"

@@ -311,8 +311,8 @@ class StoreConformance:
         await io.write("s", make_entries(0, 2, "kept"), make_snapshot("s", 2), create=True)
         try:
             await io.write("s", make_entries(1, 2, "other"), None)
-        except Exception:
-            pass  # refusing a different entry under a saved seq is allowed
+        except Exception:  # noqa: BLE001 - refusing a different entry under a saved seq is allowed
+            pass
         record = await io.read("s")
         assert record is not None
         assert sorted(record.entries, key=lambda e: e["seq"]) == make_entries(0, 2, "kept")

@@ -397,7 +397,7 @@ def test_an_update_applied_but_unanswered_does_not_look_like_a_second_writer(
     bucket.rules.append(
         Rule(lambda c: is_snapshot_put(c, "IfMatch"), lambda c: lost(), applied=True)
     )
-    with pytest.raises(S3StoreError, match="ReadTimeoutError|timeout"):
+    with pytest.raises(S3StoreError, match=r"ReadTimeoutError|timeout"):
         writer.write("s", entries(1, 2), snapshot(2))
     writer.write("s", entries(2, 3), snapshot(3))  # 412, then its own token is found
     assert json.loads(bucket.objects[snapshot_key("s")].body) == snapshot(3)
@@ -516,7 +516,7 @@ def test_a_refused_writers_other_entries_are_never_read_and_the_winner_carries_o
 def test_a_save_refused_at_an_entry_disowns_the_entries_it_stored(bucket: FakeBucket) -> None:
     writer = Writer(bucket)
     writer.write("s", entries(0, 2), snapshot(2), create=True)
-    with pytest.raises(ConcurrentWriteError, match="0000000001.json already holds"):
+    with pytest.raises(ConcurrentWriteError, match=r"0000000001\.json already holds"):
         writer.write("s", entries(1, 3, "other"), snapshot(3))
     # Its entry 2 landed on top of the stored snapshot, like a tool result saved alone; it is
     # marked as based on nothing, so it is not read, and the next save replaces it.
@@ -664,7 +664,7 @@ def test_an_orphan_replaced_by_someone_else_meanwhile_is_a_second_writer(
     writer.read("s")
     key = writer.layout.entry_key("s", generation, 2)
     bucket.put_object(Key=key, Body=json.dumps(entries(2, 3, "C")[0]).encode())  # new ETag
-    with pytest.raises(ConcurrentWriteError, match="0000000002.json already holds"):
+    with pytest.raises(ConcurrentWriteError, match=r"0000000002\.json already holds"):
         writer.write("s", entries(1, 3), snapshot(3))
 
 
@@ -842,15 +842,20 @@ def test_a_key_that_delete_objects_could_not_remove_is_named() -> None:
 # The lock -------------------------------------------------------------------------------------
 
 
+def hold_and_note(lock: HandoffLock, notes: list[Any], note: Any) -> None:
+    """Take the lock (waiting if needed), note that, and release it."""
+    lock.acquire()
+    notes.append(note)
+    lock.release()
+
+
 def test_the_lock_serves_threads_in_order() -> None:
     lock = HandoffLock()
     lock.acquire()
     order: list[int] = []
     threads = []
     for n in range(3):
-        thread = threading.Thread(
-            target=lambda n=n: (lock.acquire(), order.append(n), lock.release())
-        )
+        thread = threading.Thread(target=hold_and_note, args=(lock, order, n))
         thread.start()
         threads.append(thread)
         time.sleep(0.05)  # queued in this order
@@ -877,7 +882,7 @@ async def test_the_lock_serves_tasks_and_threads_and_survives_cancellation() -> 
     cancelled = asyncio.create_task(task("cancelled"))
     await asyncio.sleep(0.01)
     cancelled.cancel()  # leaves the queue without taking the lock
-    thread = threading.Thread(target=lambda: (lock.acquire(), got.append("thread"), lock.release()))
+    thread = threading.Thread(target=hold_and_note, args=(lock, got, "thread"))
     thread.start()
     await asyncio.sleep(0.05)
     lock.release()

@@ -73,7 +73,7 @@ def test_killed_after_a_tool_result_saved_alone_keeps_it(
     # that says it is unknown.
     found = [e.as_tool_result() for e in state.history if e.kind == TOOL_RESULT]
     assert [(r.call_id, r.unknown) for r in found] == [("fast", False), ("slow", True)]
-    assert [text for _, text, _ in results(state)][0] == "fast result"
+    assert results(state)[0][1] == "fast result"
     assert results(state)[1][1].startswith("(unknown: the run stopped before this result")
 
 
