@@ -7,18 +7,17 @@ sent to moto's HTTP server on 127.0.0.1 through ``AWS_ENDPOINT_URL_S3``.
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import boto3
-from moto.server import ThreadedMotoServer
+
+from tests.helpers import AWS_ENV, AWS_UNSET
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -26,37 +25,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
-KEPT_OUT = (
-    "ANTHROPIC_API_KEY",
-    "AWS_PROFILE",
-    "AWS_SESSION_TOKEN",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_RETRY_MODE",
-    "AWS_MAX_ATTEMPTS",
-    "ALPINEAGENTS_DEBUG",
-)
-
-
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1 (a free port) while the block runs; its URL."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+KEPT_OUT = ("ANTHROPIC_API_KEY", *AWS_UNSET, "ALPINEAGENTS_DEBUG")
 
 
 def offline_env(endpoint: str, **extra: str) -> dict[str, str]:

@@ -7,37 +7,17 @@ nor imports boto3 or moto.
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.helpers import MakeBucket, Mode, bucket_maker
+from tests.helpers import AWS_ENV, AWS_UNSET, MakeBucket, Mode, bucket_maker, moto_server
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
 
 pytest_plugins = ["pytester"]
-
-# Dummy credentials moto and LocalStack accept; the machine's AWS configuration is kept out.
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
-AWS_UNSET = (
-    "AWS_PROFILE",
-    "AWS_SESSION_TOKEN",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_RETRY_MODE",
-    "AWS_MAX_ATTEMPTS",
-)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,16 +59,8 @@ def aws_environment() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def moto_url(aws_environment: None) -> Iterator[str]:
     """The endpoint of moto's S3 server, started on 127.0.0.1 (a free port) at first use."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
+import os
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -23,6 +26,45 @@ Mode = Literal["sync", "async"]
 
 # ``make(versioned=False) -> name``: a new, empty bucket (the ``moto_bucket`` fixture).
 MakeBucket = Callable[..., str]
+
+
+# S3 servers ----------------------------------------------------------------------------------
+
+# Dummy credentials moto and LocalStack accept; the machine's AWS configuration is kept out.
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+AWS_UNSET = (
+    "AWS_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_RETRY_MODE",
+    "AWS_MAX_ATTEMPTS",
+)
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's S3 server (ThreadedMotoServer) on 127.0.0.1, a free port, while the block runs.
+
+    moto is imported here, so a test run that starts no server never imports it.
+    """
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
 
 
 # Running in either mode --------------------------------------------------------------------

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import pytest
 
-from tests._docs_support import ROOT, moto_server, offline_env, s3_client
+from tests._docs_support import ROOT, offline_env, s3_client
+from tests.helpers import moto_server
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 WALK = ROOT / "docs" / "getting-started.md"

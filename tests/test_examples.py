@@ -14,15 +14,8 @@ from alpineagents.history import MODEL, TASK, USER
 from alpineagents.testing import FunctionModel, TestModel, call
 from alpineagents.transfer import copy_states, export_state
 from alpineagents_s3 import S3Store
-from tests._docs_support import (
-    AWS_ENV,
-    ROOT,
-    keys,
-    moto_server,
-    new_bucket,
-    offline_env,
-    run,
-)
+from tests._docs_support import ROOT, keys, new_bucket, offline_env, run
+from tests.helpers import AWS_ENV, moto_server
 
 EXAMPLES = ROOT / "examples"
 

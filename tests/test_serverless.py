@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -21,36 +20,20 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from alpineagents import open_store
+from tests.helpers import AWS_ENV, moto_server
 from tests.loopback_anthropic import loopback, message, text
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "serverless_handler.py"
 
-# Dummy credentials moto accepts; nothing of the machine's AWS configuration.
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
-
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1, a free port, for this module's tests."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    """moto's S3 server, for this module's tests."""
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture
