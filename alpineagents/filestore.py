@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from alpineagents._serialize import dumps, loads
-from alpineagents.errors import CorruptStateError, StateExistsError, StateNotFoundError
+from alpineagents.errors import (
+    CorruptStateError,
+    SchemaVersionError,
+    StateExistsError,
+    StateNotFoundError,
+)
 from alpineagents.state import validate_id
 from alpineagents.store import Record, SavedState, Store
 
@@ -204,7 +209,12 @@ class FileStore(Store):
         return Record(entries, snapshot)
 
     def list(self) -> list[SavedState]:
-        """The saved States, most recently updated first (reads only the snapshots)."""
+        """The saved States, most recently updated first (reads only the snapshots).
+
+        A folder whose name is not a State id is not listed; a State whose snapshot is damaged
+        or of a newer schema is left out with a warning on this module's logger (its ``load``
+        raises the error).
+        """
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
@@ -213,12 +223,20 @@ class FileStore(Store):
         for name in names:
             if name.startswith("."):  # a State being created, or being deleted
                 continue
+            try:
+                validate_id(name)
+            except ValueError:
+                logger.debug("not listing %s: not a State id", self.path / name)
+                continue
             path = self.path / name / SNAPSHOT
             try:
                 snapshot = loads(path.read_bytes(), str(path))
+                saved.append(SavedState.from_snapshot(name, snapshot, str(path)))
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            saved.append(SavedState.from_snapshot(name, snapshot, str(path)))
+            except (CorruptStateError, SchemaVersionError) as e:
+                # One State that cannot be read does not hide the others; its load says why.
+                logger.warning("not listing State %r: %s: %s", name, type(e).__name__, e)
         saved.sort(key=lambda s: s.updated_at, reverse=True)
         return saved
 

@@ -202,7 +202,8 @@ def list_states(layout: Layout) -> Steps[list[Summary]]:
 
     Each State is summarised by the installed core's own summary class. A State created without
     a snapshot (alpineagents 0.2-0.4, in the middle of a turn) is listed once its first snapshot
-    is saved.
+    is saved. A snapshot that is damaged or of a newer layout or schema is left out with a
+    warning on the ``alpineagents_s3`` logger; ``load`` of that id raises the error.
     """
     saved: list[Summary] = []
     (page,) = yield from layout.send([layout.list_page(layout.root, Delimiter="/")])
@@ -227,12 +228,16 @@ def list_states(layout: Layout) -> Steps[list[Summary]]:
                 if error_code(outcome) in NOT_FOUND_CODES:
                     continue  # a create that did not finish, or a State being deleted
                 layout.fail(outcome, key, "GetObject")
-            layout.check_layout(outcome.get("Metadata", {}), key)
-            snapshot = loads_snapshot(outcome["Body"], layout.url(key))
-            if snapshot is None:
-                logger.debug("not listing %s: created without a snapshot", layout.url(key))
-                continue
-            saved.append(_summary(layout, state_id, snapshot, key))
+            try:
+                layout.check_layout(outcome.get("Metadata", {}), key)
+                snapshot = loads_snapshot(outcome["Body"], layout.url(key))
+                if snapshot is None:
+                    logger.debug("not listing %s: created without a snapshot", layout.url(key))
+                    continue
+                saved.append(_summary(layout, state_id, snapshot, key))
+            except (CorruptStateError, SchemaVersionError) as e:
+                # One State that cannot be read does not hide the others; its load says why.
+                logger.warning("not listing State %r: %s: %s", state_id, type(e).__name__, e)
         if not token:
             break
     return _contract.newest_first(saved)

@@ -4,8 +4,11 @@ processes killed while writing."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
+import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -207,12 +210,24 @@ def test_killed_writer_never_leaves_a_half_read_entry(tmp_path: Path) -> None:
         ({"v": 1, "task": "t", "updated_at": "2026-01-01T00:00:00"}, "not an alpineagents"),
     ],
 )
-def test_list_names_a_snapshot_it_cannot_read(
-    tmp_path: Path, content: dict[str, Any], message: str
+def test_list_leaves_out_a_snapshot_it_cannot_read_and_names_it(
+    tmp_path: Path, content: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = FileStore(tmp_path)
     store.save(State("t", id="bad"))
+    store.save(State("t", id="good"))
     (tmp_path / "bad" / "snapshot.json").write_text(json.dumps(content))
-    with pytest.raises(StoreError, match=message) as caught:
-        store.list()
-    assert "snapshot.json" in str(caught.value)
+    with caplog.at_level(logging.WARNING, logger="alpineagents.filestore"):
+        assert [s.id for s in store.list()] == ["good"]
+    (record,) = caplog.records
+    assert "'bad'" in record.getMessage() and "snapshot.json" in record.getMessage()
+    assert re.search(message, record.getMessage())
+    with pytest.raises(StoreError, match=message):  # its load says why
+        store.load("bad")
+
+
+def test_list_leaves_out_a_folder_whose_name_is_not_an_id(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.save(State("t", id="good"))
+    shutil.copytree(tmp_path / "good", tmp_path / "not an id!")
+    assert [s.id for s in store.list()] == ["good"]
