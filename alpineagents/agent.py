@@ -30,6 +30,7 @@ built-in tools in ``_builtin_tools``, saving in ``Store.save``.)
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import queue
@@ -71,7 +72,7 @@ __all__ = ["Agent", "SavePoint"]
 
 logger = logging.getLogger(__name__)
 
-_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
 
 
 class SavePoint(StrEnum):
@@ -546,22 +547,16 @@ class Agent:
             self._record_result(state, result.call, outcome)
         if settled.stopped_by is not None:
             # After the results of the ignored calls.
-            dump = self._dump_answer if settled.answer_json is not None else None
+            # The State dumps the answer again at each save (it may be changed in place), with
+            # the answer's own type adapter, not with the Agent.
+            dump = None if settled.answer_json is None else functools.partial(_dump, self._answer)
             state._stop(settled.stopped_by, settled.answer, dump)
         else:
             state._keep_stop()
 
     def _accept_answer(self, tool_input: dict[str, Any]) -> tuple[Any, Any]:
         answer = self._validate_answer(tool_input)
-        return answer, self._dump_answer(answer, "the finish answer")
-
-    def _dump_answer(self, answer: Any, path: str) -> Any:
-        """The answer in the JSON form of ``output_type``; ``NotJSONError`` naming ``path``."""
-        try:
-            raw = self._answer.dump_python(answer, mode="json")
-        except (ValueError, TypeError, RecursionError) as e:
-            raise NotJSONError(f"{path} cannot be saved as JSON: {e}") from e
-        return check_json(raw, path)
+        return answer, _dump(self._answer, answer, "the finish answer")
 
     def _validate_answer(self, tool_input: dict[str, Any]) -> Any:
         raw = tool_input["answer"]
@@ -671,6 +666,15 @@ def _check_state(state: object) -> None:
 
 def _note_failed_save(error: BaseException, save_error: Exception) -> None:
     error.add_note(f"saving the state also failed: {error_text(save_error)}")
+
+
+def _dump(adapter: pydantic.TypeAdapter[Any], answer: Any, path: str) -> Any:
+    """``answer`` in the JSON form of its type; :class:`NotJSONError` naming ``path``."""
+    try:
+        raw = adapter.dump_python(answer, mode="json")
+    except (ValueError, TypeError, RecursionError) as e:
+        raise NotJSONError(f"{path} cannot be saved as JSON: {e}") from e
+    return check_json(raw, path)
 
 
 def _without_surrogates(value: Any, depth: int = 0) -> Any:

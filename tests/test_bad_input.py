@@ -19,7 +19,7 @@ import pytest
 from alpineagents import Agent, FileStore, State
 from alpineagents.errors import NotJSONError
 from alpineagents.history import MAX_DEPTH, MODEL, TOOL_RESULT
-from alpineagents.model import ModelRequest
+from alpineagents.model import ModelRequest, ModelResponse
 from alpineagents.testing import FunctionModel, TestModel, call
 from tests.helpers import Mode, results, run, script
 
@@ -304,6 +304,22 @@ async def test_model_text_with_a_lone_surrogate_is_kept_with_a_replacement_chara
     state = State("task")
     reply = await run(mode, Agent(FunctionModel(lambda r: BAD_TEXT), store=store), state)
     assert reply == "caf\ufffd"
+    await save_and_load(mode, store, state)
+
+
+async def test_a_response_block_that_cannot_be_saved_ends_the_run_and_the_state_saves(
+    mode: Mode, tmp_path: Path
+) -> None:
+    blocks: list[dict[str, Any]] = [
+        {"type": "text", "text": "hi"},
+        {"type": "server_result", "score": float("nan")},
+    ]
+    store = FileStore(tmp_path)
+    state = State("task")
+    agent = Agent(FunctionModel(lambda r: ModelResponse(blocks)), store=store)
+    with pytest.raises(NotJSONError, match=r"history entry 1\['content'\]\[1\]\['score'\]"):
+        await run(mode, agent, state)
+    assert [e.kind for e in state.history] == ["task"]  # the response was not recorded
     await save_and_load(mode, store, state)
 
 
