@@ -70,6 +70,8 @@ CONTINUING_STOP_REASONS: Final = frozenset({"pause_turn", "model_context_window_
 # Deeper values are refused: Python's own json reader (and others, such as serde_json at 128)
 # stop at some depth, and a State must load wherever it was saved.
 MAX_DEPTH: Final = 100
+# Ints below 2**2000 (603 digits) are shorter than any digit limit Python allows (640 at least).
+_SMALL_INT_BITS: Final = 2000
 
 
 def utcnow() -> datetime:
@@ -313,7 +315,7 @@ def _checked(value: Any, path: str, depth: int, within: set[int]) -> Any:
     if isinstance(value, str):
         return check_text(value, path)
     if isinstance(value, int):
-        if value.bit_length() > 3 * _max_digits() and abs(value) >= _digit_bound():
+        if value.bit_length() > _SMALL_INT_BITS and abs(value) >= _digit_bound():
             raise NotJSONError(
                 f"{path} is an int of more than {_max_digits()} digits, more than Python "
                 "reads back from JSON (sys.get_int_max_str_digits)"
