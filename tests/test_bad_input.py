@@ -16,7 +16,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from alpineagents import Agent, FileStore, State
+from alpineagents import Agent, FileStore, State, Store
 from alpineagents.errors import NotJSONError
 from alpineagents.history import MAX_DEPTH, MODEL, TOOL_RESULT
 from alpineagents.model import ModelRequest, ModelResponse
@@ -61,7 +61,7 @@ def snapshot_of_history(state: State) -> list[tuple[int, str, str, dict[str, Any
     return [(e.seq, e.kind, e.text, e.data) for e in state.history]
 
 
-async def save_and_load(mode: Mode, store: FileStore, state: State) -> State:
+async def save_and_load(mode: Mode, store: Store, state: State) -> State:
     """Save ``state`` (it must not raise), load it back, and check nothing was lost."""
     if mode == "async":
         await store.asave(state)
@@ -361,3 +361,38 @@ async def test_an_accepted_answer_changed_in_place_is_saved(mode: Mode, tmp_path
     state.answer.append(3)
     await save(listing, state)
     assert (await save_and_load(mode, store, state)).answer == [1, 2, 3]
+
+
+# The same limits on S3 -------------------------------------------------------------------------
+
+
+async def test_s3store_gets_the_same_refusals_and_loads_what_it_saved(
+    mode: Mode, bucket: str, moto_url: str
+) -> None:
+    from alpineagents_s3 import S3Store
+
+    ran: list[str] = []
+    bad_call = call("lookup", q=float("nan"))
+    good_call = call("lookup", q="x")
+    store = S3Store(bucket, "bad-input", endpoint_url=moto_url)
+    model = script([bad_call], [good_call], "done")
+    agent = Agent(model, tools=[lookup_tool(lambda: BAD_TEXT, ran)], store=store)
+    state = State("task", data={"deep": nested(MAX_DEPTH - 1), "int": 10**4000})
+    try:
+        assert await run(mode, agent, state) == "done"
+        assert ran == ["x"]
+        texts = [text for _, text, _ in results(state)]
+        assert f"tool input of {bad_call['id']} (lookup)['q'] is nan" in texts[0]
+        assert f"tool result of {good_call['id']} (lookup) holds a lone surrogate" in texts[1]
+        await save_and_load(mode, store, state)
+
+        state.data["deep"] = [state.data["deep"]]
+        with pytest.raises(NotJSONError, match=r"state.data\['deep'\]"):
+            await save_and_load(mode, store, state)
+        state.data["deep"] = "shallow"
+        assert (await save_and_load(mode, store, state)).data["deep"] == "shallow"
+    finally:
+        if mode == "async":
+            await store.aclose()
+        else:
+            store.close()
