@@ -86,7 +86,8 @@ def plan(state: State, *, entries_only: bool = False) -> Pending | None:
 
     ``entries_only`` writes new entries without the snapshot (a tool result, at once); a
     State the store does not have yet is always written whole. Raises ``TypeError`` if
-    ``state.data`` or the answer hold a value JSON cannot, naming its path.
+    ``state.data`` or the answer hold a value JSON cannot, naming its path
+    (:class:`~alpineagents.errors.NotJSONError`, a ``TypeError``); nothing is recorded then.
     """
     saved = state._saved
     count = len(state.history)

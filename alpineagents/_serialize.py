@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -18,7 +17,8 @@ from typing import Any, Final
 import pydantic_core
 from pydantic import BaseModel
 
-from alpineagents.errors import CorruptStateError, SchemaVersionError
+from alpineagents.errors import CorruptStateError, NotJSONError, SchemaVersionError
+from alpineagents.history import check_json as check_json
 from alpineagents.state import HistoryEntry, State, validate_id
 
 SCHEMA_VERSION: Final = 1
@@ -26,54 +26,39 @@ SCHEMA_VERSION: Final = 1
 _SNAPSHOT_KEYS: Final = ("id", "task", "entries", "data", "created_at", "updated_at")
 
 
-def check_json(value: Any, path: str) -> Any:
-    """Return ``value`` as plain JSON (tuples become lists), or raise ``TypeError``.
-
-    ``path`` names the value in messages, e.g. ``data["a"][2]``.
-    """
-    if value is None or isinstance(value, str | bool | int):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise TypeError(f"{path} is {value!r}, which JSON cannot hold")
-        return value
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(
-                    f"{path} has the key {key!r} ({type(key).__name__}): "
-                    "JSON object keys must be strings"
-                )
-            out[key] = check_json(item, f"{path}[{key!r}]")
-        return out
-    if isinstance(value, list | tuple):
-        return [check_json(item, f"{path}[{i}]") for i, item in enumerate(value)]
-    raise TypeError(
-        f"{path} is a {type(value).__name__}, not a JSON value: a State keeps only dicts with "
-        "string keys, lists, strings, numbers, booleans and None"
-    )
-
-
 def answer_to_json(value: Any, path: str = "answer") -> Any:
-    """An answer as JSON: pydantic models and dataclasses become dicts, the rest must be JSON."""
+    """An answer as JSON: pydantic models and dataclasses become dicts, the rest must be JSON.
+
+    Raises :class:`NotJSONError` naming ``path`` for an answer JSON cannot hold.
+    """
     if isinstance(value, BaseModel) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     ):
-        return pydantic_core.to_jsonable_python(value)
+        try:
+            value = pydantic_core.to_jsonable_python(value)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise NotJSONError(f"{path} cannot be saved as JSON: {e}") from e
     return check_json(value, path)
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact UTF-8 JSON, the bytes every store keeps."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """Compact UTF-8 JSON, the bytes every store keeps.
+
+    What the serialiser hands a store was checked already; anything else that JSON cannot
+    hold raises :class:`NotJSONError` here, before a store writes a byte.
+    """
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return text.encode()
+    except (ValueError, TypeError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
+        raise NotJSONError(f"cannot be saved as JSON: {e}") from e
 
 
 def loads(raw: bytes | str, where: str) -> Any:
     """Parse JSON kept by a store; ``where`` names the object in the error."""
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise CorruptStateError(f"{where} is not valid JSON: {e}") from e
 
 
@@ -139,10 +124,11 @@ def snapshot_of(state: State) -> dict[str, Any]:
 
 
 def _answer_json(state: State) -> Any:
-    # The Agent keeps the JSON form of a typed answer it accepted, made by the answer's own
-    # type adapter, as long as the answer is the one it accepted.
-    if state._answer_json is not None and state._answer_json[0] is state.answer:
-        return state._answer_json[1]
+    # An answer the Agent accepted is dumped by the answer's own type adapter, as long as it
+    # is the object accepted; dumped again at every save, so that a change made to it in
+    # place (``state.answer.n = 4``) is saved too.
+    if state._answer_dump is not None and state._answer_dump[0] is state.answer:
+        return state._answer_dump[1](state.answer, "state.answer")
     return answer_to_json(state.answer, "state.answer")
 
 

@@ -30,9 +30,11 @@ built-in tools in ``_builtin_tools``, saving in ``Store.save``.)
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import queue
+import re
 import threading
 import warnings
 from collections.abc import Callable, Generator, Iterable
@@ -45,9 +47,10 @@ from alpineagents import _builtin_tools as builtin_tools
 from alpineagents import _saving
 from alpineagents._context import build_messages
 from alpineagents.anthropic import AnthropicModel
-from alpineagents.errors import AlpineAgentsError, ResumeWarning
+from alpineagents.errors import AlpineAgentsError, NotJSONError, ResumeWarning
 from alpineagents.history import (
     COMPACTION,
+    MAX_DEPTH,
     MODEL,
     TOOL_RESULT,
     USER,
@@ -56,16 +59,20 @@ from alpineagents.history import (
     ModelData,
     ToolCall,
     ToolResultData,
+    check_json,
+    check_text,
     ends_turn,
 )
 from alpineagents.model import Model, ModelRequest, ModelResponse
 from alpineagents.state import State
 from alpineagents.store import Store, open_store
-from alpineagents.tools import Tool, ToolOutcome, as_tools
+from alpineagents.tools import Tool, ToolOutcome, as_tools, error_text
 
 __all__ = ["Agent", "SavePoint"]
 
 logger = logging.getLogger(__name__)
+
+_SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
 
 
 class SavePoint(StrEnum):
@@ -384,17 +391,44 @@ class Agent:
         )
 
     def _record_response(self, state: State, response: ModelResponse) -> HistoryEntry:
+        """Record a response; a tool call whose input cannot be saved gets an error result.
+
+        Such a call is kept with empty input, and its result tells the model why, as for
+        input that does not validate. Lone surrogates in the rest become U+FFFD; a response
+        that still cannot be saved raises :class:`NotJSONError` and is not recorded.
+        """
         logger.debug("State %s: model stopped with %s", state.id, response.stop_reason)
-        return state.append(
+        content: list[dict[str, Any]] = []
+        refused: list[tuple[ToolCall, NotJSONError]] = []
+        for block in response.content:
+            if isinstance(block, dict) and block.get("type") == "tool_call" and "input" in block:
+                call: Any = _without_surrogates({k: v for k, v in block.items() if k != "input"})
+                where = f"tool input of {call.get('id')} ({call.get('name')})"
+                try:
+                    call["input"] = check_json(block["input"], where)
+                except NotJSONError as e:
+                    call["input"] = {}
+                    refused.append((call, e))
+                content.append(call)
+            else:
+                content.append(_without_surrogates(block))
+        cleaned = ModelResponse(content, response.stop_reason, response.usage, response.model)
+        entry = state.append(
             MODEL,
-            response.text,
+            cleaned.text,
             ModelData(
-                response.content,
-                response.stop_reason,
-                response.usage,
-                response.model or self.model.name,
+                cleaned.content,
+                _without_surrogates(cleaned.stop_reason),
+                cleaned.usage,
+                _without_surrogates(cleaned.model or self.model.name),
             ).to_data(),
         )
+        for call, error in refused:
+            text = (
+                f"Invalid input for tool {call['name']!r}: {error}. Call it again with valid input."
+            )
+            self._record_result(state, call, ToolOutcome(text, True, error))
+        return entry
 
     # use_tools -------------------------------------------------------------------------
 
@@ -469,6 +503,11 @@ class Agent:
         return runnable
 
     def _record_result(self, state: State, call: ToolCall, outcome: ToolOutcome) -> None:
+        try:
+            check_text(outcome.text, f"tool result of {call['id']} ({call['name']})")
+        except NotJSONError as e:
+            # Kept as an error result the model sees, as a failing tool's would be.
+            outcome = ToolOutcome(error_text(e), True, e)
         state.append(
             TOOL_RESULT,
             outcome.text,
@@ -508,13 +547,16 @@ class Agent:
             self._record_result(state, result.call, outcome)
         if settled.stopped_by is not None:
             # After the results of the ignored calls.
-            state._stop(settled.stopped_by, settled.answer, settled.answer_json)
+            # The State dumps the answer again at each save (it may be changed in place), with
+            # the answer's own type adapter, not with the Agent.
+            dump = None if settled.answer_json is None else functools.partial(_dump, self._answer)
+            state._stop(settled.stopped_by, settled.answer, dump)
         else:
             state._keep_stop()
 
     def _accept_answer(self, tool_input: dict[str, Any]) -> tuple[Any, Any]:
         answer = self._validate_answer(tool_input)
-        return answer, self._answer.dump_python(answer, mode="json")
+        return answer, _dump(self._answer, answer, "the finish answer")
 
     def _validate_answer(self, tool_input: dict[str, Any]) -> Any:
         raw = tool_input["answer"]
@@ -579,8 +621,8 @@ class Agent:
         logger.info("State %s: compacted the context up to entry %d", state.id, covers)
         return state.append(
             COMPACTION,
-            response.text,
-            CompactionData(covers, response.usage, response.model).to_data(),
+            _without_surrogates(response.text),
+            CompactionData(covers, response.usage, _without_surrogates(response.model)).to_data(),
         )
 
     # Ending ----------------------------------------------------------------------------
@@ -623,7 +665,35 @@ def _check_state(state: object) -> None:
 
 
 def _note_failed_save(error: BaseException, save_error: Exception) -> None:
-    error.add_note(f"saving the state also failed: {type(save_error).__name__}: {save_error}")
+    error.add_note(f"saving the state also failed: {error_text(save_error)}")
+
+
+def _dump(adapter: pydantic.TypeAdapter[Any], answer: Any, path: str) -> Any:
+    """``answer`` in the JSON form of its type; :class:`NotJSONError` naming ``path``."""
+    try:
+        raw = adapter.dump_python(answer, mode="json")
+    except (ValueError, TypeError, RecursionError) as e:
+        raise NotJSONError(f"{path} cannot be saved as JSON: {e}") from e
+    return check_json(raw, path)
+
+
+def _without_surrogates(value: Any, depth: int = 0) -> Any:
+    """``value`` with lone surrogates in its strings replaced by U+FFFD (model output only).
+
+    Below ``MAX_DEPTH`` levels; deeper values are left for ``check_json`` to refuse.
+    """
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if depth > MAX_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {
+            _without_surrogates(k, depth): _without_surrogates(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_without_surrogates(v, depth + 1) for v in value]
+    return value
 
 
 def _digest(text: str) -> str:

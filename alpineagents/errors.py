@@ -11,6 +11,7 @@ __all__ = [
     "AlpineAgentsError",
     "ConcurrentWriteError",
     "CorruptStateError",
+    "NotJSONError",
     "ResumeWarning",
     "SchemaVersionError",
     "StateExistsError",
@@ -53,3 +54,11 @@ class ConcurrentWriteError(StoreError):
 
 class ResumeWarning(UserWarning):
     """A State is run by an Agent that differs from the one that saved it."""
+
+
+class NotJSONError(AlpineAgentsError, TypeError):
+    """A value a State would keep is not JSON that every store can write and read back.
+
+    The message names the path to the value (``state.data['a'][3]``, ``tool result of
+    call_2 (lookup)``). A ``TypeError`` too, as the user guide says for ``state.data``.
+    """

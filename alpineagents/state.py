@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -26,7 +27,7 @@ from alpineagents.history import USER as USER
 from alpineagents.history import EntryKind as EntryKind
 from alpineagents.history import HistoryEntry as HistoryEntry
 from alpineagents.history import ToolCall as ToolCall
-from alpineagents.history import UserData
+from alpineagents.history import UserData, check_json, check_text
 from alpineagents.history import ends_turn as ends_turn
 from alpineagents.history import tool_calls as tool_calls
 from alpineagents.history import utcnow as utcnow
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 StoppedBy = Literal["reply", "finish", "ask", "max_steps"]
+
+# How an accepted answer becomes JSON: ``dump(answer, path)``; raises NotJSONError.
+AnswerDump = Callable[[Any, str], Any]
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -91,6 +95,7 @@ class State:
     def __init__(self, task: str, *, id: str | None = None, data: dict[str, Any] | None = None):
         if not isinstance(task, str):
             raise TypeError(f"State task must be a str, not {type(task).__name__}")
+        check_text(task, "the State's task")
         self.id: str = uuid.uuid4().hex if id is None else validate_id(id)
         self.task: str = task
         self.data: dict[str, Any] = {} if data is None else data
@@ -102,10 +107,10 @@ class State:
         # How the last run stopped, written only by the methods below (and read by the
         # serialiser): how many history entries the stop had, so that running again with
         # nothing added since returns the same answer without a model request; the Agent
-        # that ran the State last; the JSON form of a typed answer, as (answer, JSON).
+        # that ran the State last; how to dump the answer it accepted, as (answer, dump).
         self._stop_seq: int | None = None
         self._agent_fingerprint: dict[str, Any] | None = None
-        self._answer_json: tuple[Any, Any] | None = None
+        self._answer_dump: tuple[Any, AnswerDump] | None = None
         # What the store has; see SaveRecord.
         self._saved = SaveRecord()
         self.append(TASK, task)
@@ -140,13 +145,11 @@ class State:
 
     # How the run stopped ---------------------------------------------------------------
 
-    def _stop(
-        self, how: StoppedBy, answer: Any, answer_json: tuple[Any, Any] | None = None
-    ) -> None:
-        """Record that the run stopped now, with ``answer`` (and its JSON form, if known)."""
+    def _stop(self, how: StoppedBy, answer: Any, dump: AnswerDump | None = None) -> None:
+        """Record that the run stopped now, with ``answer`` (and how to dump it, if known)."""
         self.stopped_by, self.answer = how, answer
         self._stop_seq = len(self.history)
-        self._answer_json = answer_json
+        self._answer_dump = None if dump is None else (answer, dump)
 
     def _keep_stop(self) -> None:
         """If the run is stopped, count the entries added since as part of the stop."""
@@ -180,10 +183,18 @@ class State:
         *,
         error: BaseException | None = None,
     ) -> HistoryEntry:
-        """Add an entry at the end of ``history`` and return it."""
+        """Add an entry at the end of ``history`` and return it.
+
+        Raises :class:`~alpineagents.errors.NotJSONError` if ``text`` or ``data`` hold
+        something a store cannot keep (see :func:`alpineagents.history.check_json`); the
+        entry keeps a JSON copy of ``data``.
+        """
         if kind not in KINDS:
             raise ValueError(f"unknown history entry kind {kind!r}: one of {sorted(KINDS)}")
-        entry = HistoryEntry(len(self.history), kind, text, {} if data is None else data, error)
+        seq = len(self.history)
+        check_text(text, f"the text of history entry {seq} ({kind})")
+        data = check_json({} if data is None else data, f"the data of history entry {seq}")
+        entry = HistoryEntry(seq, kind, text, data, error)
         self.history.append(entry)
         return entry
 
@@ -195,6 +206,7 @@ class State:
         """
         if not isinstance(text, str):
             raise TypeError(f"a user message must be a str, not {type(text).__name__}")
+        check_text(text, "the user message")
         self.append(USER, text, UserData(self.pending_ask()).to_data())
 
     # Reading history -------------------------------------------------------------------

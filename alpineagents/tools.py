@@ -34,9 +34,16 @@ class ToolOutcome:
 
 
 def error_text(error: BaseException) -> str:
-    """``"ExceptionType: message"``, the text an error result keeps."""
-    message = str(error)
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+    """``"ExceptionType: message"``, the text an error result keeps.
+
+    An exception whose ``str()`` raises gives its type name and a word on why.
+    """
+    name = type(error).__name__
+    try:
+        message = str(error)
+    except Exception as e:
+        return f"{name} (its message could not be read: {type(e).__name__})"
+    return f"{name}: {message}" if message else name
 
 
 def result_text(value: Any) -> str:
