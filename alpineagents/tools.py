@@ -41,7 +41,7 @@ def error_text(error: BaseException) -> str:
     name = type(error).__name__
     try:
         message = str(error)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure of str() is reported, not raised
         return f"{name} (its message could not be read: {type(e).__name__})"
     return f"{name}: {message}" if message else name
 

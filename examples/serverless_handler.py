@@ -29,13 +29,20 @@ An event::
 It returns ``{"conversation_id": ..., "stopped_by": ..., "reply": ...}``; ``reply`` is
 ``None`` when the conversation stopped at ``MAX_STEPS`` (send an event without a message to
 continue it).
+
+Try it on your machine, one event per call (a new process each time, as a cold start)::
+
+    RUNS_URL=./runs MODEL=offline python examples/serverless_handler.py \
+        '{"conversation_id": "support-1042", "message": "Where is order 42?"}'
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import sys
 from typing import Any
 
 from alpineagents import Agent, State, Store, open_store
@@ -116,3 +123,7 @@ def _offline(request: ModelRequest) -> Any:
     if order:
         return [call("lookup_order", order_id=order.group(1))]
     return f"You said: {asked}. Which order is it about?"
+
+
+if __name__ == "__main__":
+    print(json.dumps(handler(json.loads(sys.argv[1]), None), ensure_ascii=False))

@@ -99,11 +99,9 @@ async def test_bad_data_is_refused_at_save_naming_its_path_and_a_fixed_state_sav
     before = (tmp_path / "bad-data" / "snapshot.json").read_bytes()
 
     state.data["a"][3] = make()
+    save = agent.asave(state) if mode == "async" else asyncio.to_thread(agent.save, state)
     with pytest.raises(TypeError) as raised:
-        if mode == "async":
-            await agent.asave(state)
-        else:
-            await asyncio.to_thread(agent.save, state)
+        await save
     assert isinstance(raised.value, NotJSONError)
     assert "state.data['a'][3]" in str(raised.value)
     assert words in str(raised.value)
@@ -215,7 +213,7 @@ async def test_a_tool_error_whose_message_holds_a_lone_surrogate_is_saved(
     await save_and_load(mode, store, state)
 
 
-class Unprintable(Exception):
+class UnprintableError(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no message today")
 
@@ -225,7 +223,7 @@ async def test_a_tool_exception_whose_str_raises_gives_its_type_name(
 ) -> None:
     def flaky(n: int) -> int:
         """Fail oddly."""
-        raise Unprintable()
+        raise UnprintableError()
 
     def add(a: int, b: int) -> int:
         """Add."""
@@ -238,7 +236,7 @@ async def test_a_tool_exception_whose_str_raises_gives_its_type_name(
         assert await run(mode, agent, state) == "done"
         found = dict((name, (text, err)) for name, text, err in results(state))
         assert found["flaky"] == (
-            "Unprintable (its message could not be read: RuntimeError)",
+            "UnprintableError (its message could not be read: RuntimeError)",
             True,
         )
         await save_and_load(mode, store, state)

@@ -127,6 +127,31 @@ def test_cold_events_each_in_a_new_process(env: dict[str, str]) -> None:
 
 
 @pytest.mark.slow
+def test_the_example_runs_an_event_from_the_command_line(tmp_path: Path) -> None:
+    """As its docstring shows: one event per call, a folder for the runs, the offline model."""
+    env = {**os.environ, "RUNS_URL": str(tmp_path / "runs"), "MODEL": "offline"}
+    env.pop("ANTHROPIC_API_KEY", None)
+    replies = []
+    for said in ("Where is order 42?", "Thanks"):
+        event = json.dumps({"conversation_id": "cli-1", "message": said})
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLE), event],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=True,
+        )
+        replies.append(json.loads(done.stdout))
+    assert replies[0]["reply"].startswith("Here is what I found. Order 42")
+    assert replies[1] == {
+        "conversation_id": "cli-1",
+        "stopped_by": "reply",
+        "reply": "You said: Thanks. Which order is it about?",
+    }
+
+
+@pytest.mark.slow
 def test_a_conversation_stopped_by_max_steps_continues_without_a_message(
     env: dict[str, str],
 ) -> None:
