@@ -220,8 +220,10 @@ GUIDE_ROWS: dict[str, tuple[SavePoint, ...]] = {
 def test_the_save_points_map_one_to_one_to_the_guide_table_and_the_docstring() -> None:
     guide = (Path(__file__).parent.parent / "docs" / "guide.md").read_text()
     table = guide.split("## When the Agent saves", 1)[1].split("\n\n")[1]
-    rows = [line.split("|")[1].strip().lower() for line in table.splitlines()[2:]]
-    assert rows == list(GUIDE_ROWS)
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+    assert [row[0].lower() for row in cells] == list(GUIDE_ROWS)
+    named = [tuple(SavePoint[n.strip(" `")] for n in row[2].split(",")) for row in cells]
+    assert named == list(GUIDE_ROWS.values())  # the table's SavePoint column
     assert [p for row in GUIDE_ROWS.values() for p in row] == list(SavePoint)
     doc = Agent.__doc__ or ""
     positions = [doc.index(f"SavePoint.{p.name}") for p in SavePoint]
