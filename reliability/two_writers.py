@@ -357,12 +357,15 @@ def after_one_winner(
     expect_stored(server, state_id, again.history, again.data, "after the loser continued")
 
 
-def judged(kind: str, check: Callable[[], None], expected: bool = True) -> Outcome:
-    """Run the checks of a trial whose outcome was ``kind``."""
+def judged(kind: str, check: Callable[[], None], *, expected: bool) -> Outcome:
+    """Run the checks of a trial whose outcome was ``kind`` (the documented one if ``expected``).
+
+    A trial counts as expected only if its checks hold too.
+    """
     try:
         check()
     except Violation as e:
-        return Outcome(kind, expected, [str(e)])
+        return Outcome(kind, False, [str(e)])
     return Outcome(kind, expected)
 
 
@@ -400,6 +403,7 @@ def race(server: Server, trial: int, state_id: str) -> Outcome:
         return judged(
             "one winner",
             lambda: after_one_winner(server, state_id, winner, loser, error, ConcurrentWriteError),
+            expected=isinstance(error, ConcurrentWriteError),
         )
 
 
@@ -425,8 +429,9 @@ def stale_copy(server: Server, trial: int, state_id: str) -> Outcome:
                 raise Violation(f"A's save (the first): {name(a_error)}")
             after_one_winner(server, state_id, first, second, b_error, ConcurrentWriteError)
 
-        kind = "B refused" if isinstance(b_error, ConcurrentWriteError) else "B not refused"
-        return judged(kind + (" (A's store object)" if own else ""), check)
+        refused = a_error is None and isinstance(b_error, ConcurrentWriteError)
+        kind = "B refused" if refused else "B not refused"
+        return judged(kind + (" (A's store object)" if own else ""), check, expected=refused)
 
 
 def data_only(server: Server, trial: int, state_id: str) -> Outcome:
@@ -449,8 +454,9 @@ def data_only(server: Server, trial: int, state_id: str) -> Outcome:
                 raise Violation(f"A's save of data alone: {name(a_error)}")
             after_one_winner(server, state_id, first, second, b_error, ConcurrentWriteError)
 
-        refused = isinstance(b_error, ConcurrentWriteError)
-        return judged(f"B ({variant}) {'refused' if refused else 'not refused'}", check)
+        refused = a_error is None and isinstance(b_error, ConcurrentWriteError)
+        kind = f"B ({variant}) {'refused' if refused else 'not refused'}"
+        return judged(kind, check, expected=refused)
 
 
 class _Catch(logging.Handler):
@@ -520,7 +526,8 @@ def delete_during_run(server: Server, trial: int, state_id: str) -> Outcome:
             if state_id in [saved.id for saved in other.store.list()]:
                 raise Violation("the deleted State is still listed")
 
-        return judged(f"{calls} tool call(s)", check)
+        expected = isinstance(run_error, StateNotFoundError)
+        return judged(f"{calls} tool call(s)", check, expected=expected)
 
 
 def create_race(server: Server, trial: int, state_id: str) -> Outcome:
@@ -548,7 +555,7 @@ def create_race(server: Server, trial: int, state_id: str) -> Outcome:
                 raise Violation(f"the kinds of object under the id after the race: {kinds}")
             after_one_winner(server, state_id, winner, loser, error, StateExistsError)
 
-        return judged("one winner", check)
+        return judged("one winner", check, expected=isinstance(error, StateExistsError))
 
 
 Scenario = Callable[[Server, int, str], Outcome]
