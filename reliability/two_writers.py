@@ -696,7 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"two writers on {kind} at {url} (conditions {'locked' if locking else 'not locked'})"
             f", bucket {bucket}, mode {args.mode}, {args.trials} trials per scenario, "
-            f"bound {args.seconds:g}s"
+            f"bound {args.seconds:g}s",
+            flush=True,
         )
         try:
             tallies = run(server, names, args.trials, args.seconds)

@@ -98,3 +98,21 @@ def test_two_writers_fails_when_a_loser_is_told_it_won() -> None:
         assert re.match(r"\S+ +trials +2 +expected +0 +violations +2 ", line), line
     assert "the loser's save: expected ConcurrentWriteError, got returned" in done.stdout
     assert re.search(r"^total: 4 trials, 4 judged violations, ", done.stdout, re.M)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_two_writers_on_localstack_judges_the_races_too() -> None:
+    url = os.environ.get("ALPINEAGENTS_LOCALSTACK_URL")
+    if not url:
+        pytest.skip("ALPINEAGENTS_LOCALSTACK_URL is not set: start localstack/localstack.sh")
+    done = run(str(TWO_WRITERS), "--trials", "3", "--seconds", "400", "--endpoint", url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"two writers on LocalStack at {url} (conditions locked)")
+    lines = scenario_lines(done.stdout)
+    assert list(lines) == list(SCENARIOS)
+    for label, line in lines.items():
+        assert re.match(rf"{label} +trials +3 +expected +3 +violations +0 ", line), line
+        assert "not judged" not in line
+    assert "[one winner 3]" in lines["race"] and "[one winner 3]" in lines["create-race"]
+    assert re.search(r"^total: 15 trials, 0 judged violations, ", done.stdout, re.M)
