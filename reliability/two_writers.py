@@ -2,13 +2,16 @@
 
     python reliability/two_writers.py [--trials 20] [--seconds 300] [--endpoint URL]
                                       [--mode sync|async|both] [--locking yes|no|auto]
+                                      [--scenario NAME ...] [--no-watch]
 
 Each scenario sets up a fresh State through the public API, gives it to two writers (two
 ``S3Store`` objects, which S3 cannot tell from two processes), plays its script, then checks
 what the docs promise (docs/s3.md, "Two processes, one State"):
 
 * race: both writers loaded the State; each adds messages and both save at once (two threads
-  released by a barrier). One save returns, the other raises ``ConcurrentWriteError``.
+  released by a barrier). One save returns, the other raises ``ConcurrentWriteError``. A third
+  process loads the State all along (unless ``--no-watch``): no load fails or reads an entry
+  of the loser's save.
 * stale-copy: A saves a message; B, holding a copy from before (loaded through another store
   object, or through A's own), saves messages: ``ConcurrentWriteError``.
 * data-only: A saves a change of ``data`` alone; B, holding a copy from before, saves a
@@ -111,6 +114,7 @@ class Server:
     locking: bool
     mode: Literal["sync", "async", "both"]
     client: S3Client
+    watch: bool = True
 
     def mode_of(self, trial: int) -> Mode:
         """The API a trial uses: sync, async, or each in turn."""
@@ -381,14 +385,58 @@ def pick(
 # Scenarios -----------------------------------------------------------------------------------
 
 
+class Watcher:
+    """A third process that loads the State over and over while two writers save it."""
+
+    def __init__(self, server: Server, state_id: str, active: bool) -> None:
+        self.server = server
+        self.state_id = state_id
+        self.active = active
+        self.seen: list[list[str] | BaseException] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch)
+
+    def __enter__(self) -> Watcher:
+        if self.active:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.active:
+            self.thread.join()
+
+    def _watch(self) -> None:
+        with processes(self.server, "sync", 1) as (reader,):
+            while not self.stop.is_set():
+                try:
+                    self.seen.append(texts(reader.load(self.state_id)))
+                except Exception as e:
+                    self.seen.append(e)
+
+    def check(self, loser: Copy) -> None:
+        """Every load succeeded, and none read an entry of the loser's save."""
+        theirs = set(loser.history) - {TASK}
+        for seen in self.seen:
+            if isinstance(seen, BaseException):
+                raise Violation(f"a load during the saves failed: {name(seen)}")
+            if theirs & set(seen):
+                raise Violation(f"a load during the saves read the loser's entries: {seen}")
+
+
 def race(server: Server, trial: int, state_id: str) -> Outcome:
-    """Both loaded; each adds 1-3 messages; both save at once. One wins."""
+    """Both loaded; each adds 1-3 messages; both save at once. One wins.
+
+    A third process loads the State all along: every load succeeds and none reads the
+    loser's entries.
+    """
     with processes(server, server.mode_of(trial), 3) as (setup, a, b):
         setup.save(State(TASK, id=state_id))
         first, second = loaded(a, state_id, [TASK], {}), loaded(b, state_id, [TASK], {})
         first.add(*(f"A{trial}: {i}" for i in range(1 + trial % 3)))
         second.add(*(f"B{trial}: {i}" for i in range(1 + (trial // 3) % 3)))
-        results = at_once([lambda: attempt(a, first.state), lambda: attempt(b, second.state)])
+        with Watcher(server, state_id, server.watch) as watcher:
+            results = at_once([lambda: attempt(a, first.state), lambda: attempt(b, second.state)])
         if results == [None, None]:
             return Outcome("both won", False, ["both saves returned"])
         if None not in results:
@@ -400,11 +448,12 @@ def race(server: Server, trial: int, state_id: str) -> Outcome:
 
             return judged("both refused", nobody, expected=False)
         winner, loser, error = pick(results, first, second)
-        return judged(
-            "one winner",
-            lambda: after_one_winner(server, state_id, winner, loser, error, ConcurrentWriteError),
-            expected=isinstance(error, ConcurrentWriteError),
-        )
+
+        def check() -> None:
+            watcher.check(loser)
+            after_one_winner(server, state_id, winner, loser, error, ConcurrentWriteError)
+
+        return judged("one winner", check, expected=isinstance(error, ConcurrentWriteError))
 
 
 def stale_copy(server: Server, trial: int, state_id: str) -> Outcome:
@@ -674,6 +723,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["sync", "async", "both"], default="both")
     parser.add_argument("--locking", choices=["yes", "no", "auto"], default="auto")
     parser.add_argument(
+        "--no-watch",
+        dest="watch",
+        action="store_false",
+        help="no third process loading the State during the race",
+    )
+    parser.add_argument(
         "--scenario", action="append", choices=list(SCENARIOS), help="only these (repeatable)"
     )
     args = parser.parse_args(argv)
@@ -692,7 +747,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bucket = f"two-writers-{uuid.uuid4().hex[:12]}"
         client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
         client.create_bucket(Bucket=bucket)
-        server = Server(url, bucket, locking, args.mode, client)
+        server = Server(url, bucket, locking, args.mode, client, args.watch)
         print(
             f"two writers on {kind} at {url} (conditions {'locked' if locking else 'not locked'})"
             f", bucket {bucket}, mode {args.mode}, {args.trials} trials per scenario, "
