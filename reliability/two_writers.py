@@ -415,7 +415,7 @@ class Watcher:
                     self.seen.append(e)
 
     def check(self, loser: Copy) -> None:
-        """Every load succeeded, and none read an entry of the loser's save."""
+        """Every load succeeded, and none read an entry of a refused save (``loser``'s)."""
         theirs = set(loser.history) - {TASK}
         for seen in self.seen:
             if isinstance(seen, BaseException):
@@ -442,6 +442,8 @@ def race(server: Server, trial: int, state_id: str) -> Outcome:
         if None not in results:
             # Nothing acknowledged is lost: the State is as it was, and a load continues it.
             def nobody() -> None:
+                watcher.check(first)
+                watcher.check(second)
                 for who, error in zip("AB", results, strict=True):
                     expect_error(f"writer {who}", error, ConcurrentWriteError)
                 expect_stored(server, state_id, [TASK], {}, "after both were refused")
