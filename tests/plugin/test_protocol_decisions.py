@@ -544,6 +544,16 @@ def test_disowning_leaves_an_entry_a_winner_replaced_meanwhile(bucket: FakeBucke
     assert json.loads(bucket.objects[entry_2].body) == winner  # the If-Match PUT got 412
 
 
+def until_snapshot_put(steps: Steps[Any], bucket: FakeBucket) -> Batch:
+    """Answer ``steps`` from ``bucket`` up to its snapshot PUT, and return that batch unsent."""
+    step = next(steps)
+    while True:
+        assert isinstance(step, Batch)
+        if any(c.params["Key"].endswith("snapshot.json") for c in step.calls):
+            return step
+        step = steps.send([bucket.answer(c) for c in step.calls])
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="open issue 9: a load during a race of two saves of one State can read the entries "
@@ -558,9 +568,7 @@ def test_a_load_while_two_saves_race_reads_neither_saves_entries(bucket: FakeBuc
     b.read("s")
     # B stores its entry 1 and stops right before its snapshot PUT.
     held = write(b.layout, b.ledger, "s", entries(1, 2, "B"), snapshot(2, "B"), False)
-    step = next(held)
-    while not any(c.params["Key"].endswith("snapshot.json") for c in step.calls):
-        step = held.send([bucket.answer(c) for c in step.calls])
+    step = until_snapshot_put(held, bucket)
     seen: list[list[str]] = []
 
     def load_before_disowning(batch: int, calls: Sequence[Call]) -> None:
@@ -584,9 +592,7 @@ def test_entries_of_a_save_killed_before_its_snapshot_are_read_and_the_resume_go
     writer = Writer(bucket)
     writer.write("s", entries(0, 1), snapshot(1), create=True)
     killed = write(writer.layout, writer.ledger, "s", entries(1, 3), snapshot(3), False)
-    step = next(killed)
-    while not any(c.params["Key"].endswith("snapshot.json") for c in step.calls):
-        step = killed.send([bucket.answer(c) for c in step.calls])
+    until_snapshot_put(killed, bucket)
     killed.close()  # the process died before its snapshot PUT
     resumed = Writer(bucket)
     assert texts(resumed.read("s")) == ["m0", "m1", "m2"]  # saved on top of the stored snapshot
