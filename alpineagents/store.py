@@ -31,7 +31,7 @@ from alpineagents import _saving
 from alpineagents._resume import continue_loaded
 from alpineagents._serialize import SCHEMA_VERSION as SCHEMA_VERSION
 from alpineagents._serialize import check_stored as check_stored
-from alpineagents.errors import CorruptStateError, StateNotFoundError
+from alpineagents.errors import CorruptStateError, StateNotFoundError, StoreError
 from alpineagents.state import State, validate_id
 
 __all__ = [
@@ -230,8 +230,17 @@ class Store:
     def _loaded(self, state_id: str, record: Record | None) -> State:
         if record is None:
             raise StateNotFoundError(f"no saved State with id {state_id!r} in {self!r}")
-        state, covered = _saving.restore(self, state_id, list(record.entries), record.snapshot)
-        continue_loaded(state, covered)
+        try:
+            state, covered = _saving.restore(self, state_id, list(record.entries), record.snapshot)
+            continue_loaded(state, covered)
+        except StoreError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            # A field of the wrong type or shape: the stored State is damaged, whatever failed.
+            raise CorruptStateError(
+                f"State {state_id!r} in {self!r} cannot be rebuilt from what is stored: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         return state
 
     # Sync/async defaults ---------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from alpineagents import FileStore, State, StateExistsError, StoreError
+from alpineagents import CorruptStateError, FileStore, State, StateExistsError, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -224,6 +224,24 @@ def test_list_leaves_out_a_snapshot_it_cannot_read_and_names_it(
     assert re.search(message, record.getMessage())
     with pytest.raises(StoreError, match=message):  # its load says why
         store.load("bad")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("task", 5, "task must be a str"),
+        ("task", "caf\udce9", "surrogate"),
+    ],
+)
+def test_a_snapshot_field_of_the_wrong_type_is_corrupt_at_load(
+    tmp_path: Path, field: str, value: Any, says: str
+) -> None:
+    store = FileStore(tmp_path)
+    store.save(State("t", id="damaged"))
+    path = tmp_path / "damaged" / "snapshot.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    with pytest.raises(CorruptStateError, match=rf"State 'damaged' in FileStore.*{says}"):
+        store.load("damaged")
 
 
 def test_list_leaves_out_a_folder_whose_name_is_not_an_id(tmp_path: Path) -> None:

@@ -119,6 +119,22 @@ async def test_list_leaves_out_a_snapshot_it_cannot_summarise_naming_it(
     assert error.__name__ in warned
 
 
+async def test_a_snapshot_field_of_the_wrong_type_is_corrupt_at_load_naming_the_objects(
+    mode: Mode, stores: Stores, moto: S3Client
+) -> None:
+    io = await saved_state(mode, stores)
+    bucket, key = stores.bucket, "runs/s/snapshot.json"
+    head = moto.head_object(Bucket=bucket, Key=key)
+    snapshot = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body = json.dumps(dict(snapshot, task=5)).encode()
+    moto.put_object(Bucket=bucket, Key=key, Body=body, Metadata=head["Metadata"])
+
+    with pytest.raises(CorruptStateError, match="task must be a str") as raised:
+        await io.load("s")
+    told = "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
+    assert f"State 's' in S3Store('s3://{bucket}/runs/'" in told
+
+
 async def test_a_snapshot_not_written_by_s3store_is_refused(
     mode: Mode, stores: Stores, moto: S3Client
 ) -> None:
