@@ -162,24 +162,23 @@ def translate_fault(fault: Fault, where: Where) -> S3StoreError:
 
 def translate(failure: Exception, where: Where) -> S3StoreError:
     """The store's error for what a client call raised; no credential of a URL is repeated."""
-    error = _translate(failure, where)
-    return type(error)(scrub(str(error)))
-
-
-def _translate(failure: Exception, where: Where) -> S3StoreError:
     if isinstance(failure, ClientError):
         return translate_fault(Fault.of(failure), where)
+    error: type[S3StoreError] = S3StoreError
     if isinstance(failure, NoCredentialsError):
-        return S3AccessDeniedError(
+        error = S3AccessDeniedError
+        message = (
             f"{where.action} {where.url}: no AWS credentials were found. Configure them the "
             "usual way (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws, an "
             "instance role) or pass session=boto3.Session(...) to S3Store"
         )
-    if isinstance(failure, EndpointConnectionError):
-        return S3StoreError(
+    elif isinstance(failure, EndpointConnectionError):
+        message = (
             f"{where.action} {where.url}: cannot connect to {where.endpoint} ({failure}). "
             "Check endpoint_url (or AWS_ENDPOINT_URL_S3) and the network"
         )
-    if isinstance(failure, BotoCoreError):
-        return S3StoreError(f"{where.action} {where.url} failed: {failure}")
-    return S3StoreError(f"{where.action} {where.url} failed: {type(failure).__name__}: {failure}")
+    elif isinstance(failure, BotoCoreError):
+        message = f"{where.action} {where.url} failed: {failure}"
+    else:
+        message = f"{where.action} {where.url} failed: {type(failure).__name__}: {failure}"
+    return error(scrub(message))

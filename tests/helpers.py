@@ -234,11 +234,11 @@ class MemoryStore(Store):
             del self._states[state_id]
 
 
-class AsyncMemoryStore(Store):
-    """The same store reached only asynchronously."""
+class AsyncOver(Store):
+    """Another store reached only asynchronously: a store that implements only the async API."""
 
-    def __init__(self) -> None:
-        self._inner = MemoryStore()
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
 
     async def awrite(
         self,
@@ -258,6 +258,13 @@ class AsyncMemoryStore(Store):
 
     async def adelete(self, state_id: str) -> None:
         self._inner.delete(state_id)
+
+
+class AsyncMemoryStore(AsyncOver):
+    """A MemoryStore reached only asynchronously."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
 
 
 class RecordingStore(MemoryStore):

@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,8 @@ from alpineagents.cli import (
 )
 from alpineagents.model import ModelRequest
 from alpineagents.state import HistoryEntry
-from alpineagents.store import Record, SavedState
 from alpineagents.testing import FunctionModel, TestModel, call
-from tests.helpers import make_states
+from tests.helpers import AsyncOver, make_states
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("alpineagents")
@@ -422,35 +420,16 @@ def test_cp_draws_progress_on_a_terminal(
     assert "\r\x1b[K3 State(s)" in drawn  # the bar is cleared before the summary
 
 
-class AsyncOnly(Store):
+class AsyncOnly(AsyncOver):
     """A store with only the async methods, over a FileStore."""
 
     def __init__(self, path: Path):
-        self.files = FileStore(path)
+        super().__init__(FileStore(path))
 
     @classmethod
     def from_url(cls, url: str) -> AsyncOnly:
         """``async:///path/to/folder``."""
         return cls(Path(url.removeprefix("async://")))
-
-    async def awrite(
-        self,
-        state_id: str,
-        entries: Sequence[dict[str, Any]],
-        snapshot: dict[str, Any] | None,
-        *,
-        create: bool = False,
-    ) -> None:
-        self.files.write(state_id, entries, snapshot, create=create)
-
-    async def aread(self, state_id: str) -> Record | None:
-        return self.files.read(state_id)
-
-    async def alist(self) -> list[SavedState]:
-        return self.files.list()
-
-    async def adelete(self, state_id: str) -> None:
-        self.files.delete(state_id)
 
 
 def test_an_async_only_store_works_too(
