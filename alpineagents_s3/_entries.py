@@ -1,10 +1,18 @@
 """Storing a save's entries: conflicts at a seq, leftovers of refused writers, orphans.
 
-An entry is PUT with ``If-None-Match: *``. A 412 means the seq is stored: by this store object
-before (an answer lost: the same entry, skipped), by a writer that lost a race or held a stale
-copy (an entry based on an older snapshot, beyond what the stored snapshot counts: replaced), or
-by a second writer (refused, and this save's other entries are disowned). Orphans, entries beyond
-a gap left by a save killed halfway, are replaced or deleted before a save fills the gap.
+An entry is PUT with ``If-None-Match: *``. A 412 means the seq is stored:
+
+* by this store object before (an answer lost): the same entry, skipped;
+* by a writer that lost a race or held a stale copy (an entry based on an older snapshot, beyond
+  what the stored snapshot counts): replaced;
+* by another writer's save that is under way or was stopped (a *pending* entry based on the
+  stored snapshot, beyond its count): :class:`Contested` — the caller claims the snapshot
+  (``_writing``), after which that entry is based on an older one, and tries again;
+* by a second writer otherwise (counted, or saved alone on the stored snapshot): refused, and
+  this save's other entries are disowned.
+
+Orphans, entries beyond a gap left by a save killed halfway, are replaced or deleted before a
+save fills the gap (after a claim, too).
 """
 
 from __future__ import annotations
@@ -17,13 +25,32 @@ from typing import Any
 
 from alpineagents_s3._codec import loads_entry
 from alpineagents_s3._deleting import check_deletes, delete_keys
-from alpineagents_s3._layout import BASE_META, ENTRIES_META, REFUSED_BASE, Layout
+from alpineagents_s3._layout import (
+    BASE_META,
+    ENTRIES_META,
+    PENDING,
+    PENDING_META,
+    REFUSED_BASE,
+    WRITER_META,
+    Layout,
+    Mark,
+)
 from alpineagents_s3._steps import Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger, Version
 from alpineagents_s3.errors import ConcurrentWriteError
 
 logger = logging.getLogger("alpineagents_s3")
+
+# How often an entry to replace may change under us (its writer disowning it) before giving up.
+REPLACE_ATTEMPTS = 3
+
+
+class Contested(Exception):  # noqa: N818 - a signal between two modules, never raised to users
+    """A seq this save needs holds another writer's pending entry on the stored snapshot.
+
+    Whose save lands is decided by the snapshot: the caller claims it, then writes again.
+    """
 
 
 def clear_orphans(
@@ -32,6 +59,7 @@ def clear_orphans(
     state_id: str,
     version: Version,
     bodies: Mapping[int, bytes],
+    mark: Mark,
 ) -> Steps[tuple[Version, set[int]]]:
     """Replace or delete the orphans, before a write fills the gap below them (lock held).
 
@@ -56,7 +84,13 @@ def clear_orphans(
     }
     calls = [
         layout.entry_put(
-            state_id, version.generation, seq, bodies[seq], version.etag, IfMatch=orphans[seq]
+            state_id,
+            version.generation,
+            seq,
+            bodies[seq],
+            version.etag,
+            mark,
+            IfMatch=orphans[seq],
         )
         for seq in puts
     ]
@@ -108,21 +142,23 @@ def put_entries(
     version: Version,
     entries: Sequence[dict[str, Any]],
     bodies: Mapping[int, bytes],
+    mark: Mark,
 ) -> Steps[list[str]]:
     """PUT entries with If-None-Match, based on ``version``; return the keys written.
 
     A seq already stored is skipped when it holds the same entry from a writer with the same
     base (our own PUT whose answer was lost). One a writer stored on top of an older snapshot
     (a writer that lost, or a stale copy) beyond what the stored snapshot counts is replaced:
-    that writer's snapshot PUT can never land, so its entry is no one's. Anything else is a
-    second writer: then the entries this call did write are disowned, so no reader replays them.
+    that writer's snapshot PUT can never land, so its entry is no one's. Another writer's
+    pending entry on the stored snapshot raises :class:`Contested`. Anything else is a second
+    writer: then the entries this call did write are disowned, so no reader replays them.
     """
     generation, base = version.generation, version.etag
     seqs = [entry["seq"] for entry in entries]
     keys = [layout.entry_key(state_id, generation, seq) for seq in seqs]
     outcomes = yield from layout.send(
         [
-            layout.entry_put(state_id, generation, seq, bodies[seq], base, IfNoneMatch="*")
+            layout.entry_put(state_id, generation, seq, bodies[seq], base, mark, IfNoneMatch="*")
             for seq in seqs
         ]
     )
@@ -138,10 +174,10 @@ def put_entries(
     if taken:
         try:
             replaced = yield from _settle_taken(
-                layout, state_id, version, seqs, keys, bodies, taken
+                layout, state_id, version, seqs, keys, bodies, taken, mark
             )
         except ConcurrentWriteError:
-            yield from _disown(layout, state_id, version, seqs, bodies, mine)
+            yield from _disown(layout, state_id, version, seqs, bodies, mine, mark)
             raise
         except KeyError:  # the State was deleted: no one else writes under its generation
             yield from delete_keys(layout, [keys[i] for i in mine], required=False)
@@ -158,52 +194,135 @@ def _settle_taken(
     keys: Sequence[str],
     bodies: Mapping[int, bytes],
     taken: Sequence[int],
+    mark: Mark,
 ) -> Steps[dict[int, str]]:
     """Decide about entries whose If-None-Match PUT found the seq stored; return those replaced."""
     found = yield from layout.send([layout.get(keys[i]) for i in taken])
     other_base: dict[int, tuple[str, bool]] = {}  # index -> (ETag, same entry as ours)
+    contested: list[int] = []
+    alone: dict[int, str] = {}  # index -> writer, of entries saved alone by another writer
     for i, outcome in zip(taken, found, strict=True):
         if isinstance(outcome, Exception):
             layout.fail(outcome, keys[i], "GetObject (an entry already stored)")
-        same = outcome["Body"] == bodies[seqs[i]] or loads_entry(
-            outcome["Body"], layout.url(keys[i]), seqs[i]
-        ) == json.loads(bodies[seqs[i]])
-        if outcome.get("Metadata", {}).get(BASE_META) not in (None, version.etag):
+        metadata = outcome.get("Metadata", {})
+        same = _same(layout, outcome["Body"], bodies, seqs[i], keys[i])
+        if metadata.get(BASE_META) not in (None, version.etag):
             other_base[i] = (outcome["ETag"], same)
-        elif not same:
-            raise second_writer(layout, state_id, keys[i], seqs[i])
-        else:
+        elif same:
             logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
-    if not other_base:
+        elif metadata.get(PENDING_META) == PENDING:
+            contested.append(i)
+        elif metadata.get(WRITER_META) not in (None, mark.writer):
+            alone[i] = metadata[WRITER_META]
+        else:
+            raise second_writer(layout, state_id, keys[i], seqs[i])
+    if not other_base and not contested and not alone:
         return {}
     # Entries the stored snapshot counts are the State's, whoever based them where; one beyond
     # its count was saved on top of an older snapshot by a writer whose snapshot PUT can never
-    # land: it is no one's, and is replaced.
-    count = yield from check_base(layout, state_id, version, "an entry stored by another writer")
+    # land: it is no one's, and is replaced. A pending one on this snapshot is contested.
+    try:
+        count = yield from check_base(layout, state_id, version, "an entry of another writer")
+    except ConcurrentWriteError:
+        met = [*contested, *alone]
+        if met:  # its writer's snapshot landed: name the entry that says so
+            raise second_writer(layout, state_id, keys[met[0]], seqs[met[0]]) from None
+        raise
+    for i in contested:  # counted: the State's
+        if count is None or seqs[i] < count:
+            raise second_writer(layout, state_id, keys[i], seqs[i])
+    for i in alone:  # counted, or the first saved alone on top of it: the State's
+        if count is None or seqs[i] <= count:
+            raise second_writer(layout, state_id, keys[i], seqs[i])
+    if alone:
+        # Saved alone on this snapshot: a reader replays it if its writer also saved the first
+        # entry beyond the count (readers replay one writer's run). Else it is a leftover of a
+        # writer refused at an earlier seq, and contested.
+        assert count is not None
+        first_beyond = layout.entry_key(state_id, version.generation, count)
+        (outcome,) = yield from layout.send([layout.head(first_beyond)])
+        if isinstance(outcome, Exception):
+            layout.fail(outcome, first_beyond, "HeadObject (the first entry saved alone)")
+        run_writer = outcome.get("Metadata", {}).get(WRITER_META)
+        for i, writer in alone.items():
+            if writer == run_writer:
+                raise second_writer(layout, state_id, keys[i], seqs[i])
+            contested.append(i)
+    if contested:
+        raise Contested(keys[contested[0]])
     stale: dict[int, str] = {}
     for i, (etag, same) in other_base.items():
         if count is not None and seqs[i] >= count:
             stale[i] = etag
         elif not same:
             raise second_writer(layout, state_id, keys[i], seqs[i])
-    outcomes = yield from layout.send(
-        [
-            layout.entry_put(
-                state_id, version.generation, seqs[i], bodies[seqs[i]], version.etag, IfMatch=etag
-            )
-            for i, etag in stale.items()
-        ]
-    )
     replaced: dict[int, str] = {}
-    for i, outcome in zip(stale, outcomes, strict=True):
-        if not isinstance(outcome, Exception):
-            replaced[i] = outcome.get("ETag", "")
-            logger.info("replaced %s, left by a refused writer", layout.url(keys[i]))
-        elif error_code(outcome) in PRECONDITION_CODES:
+    for _ in range(REPLACE_ATTEMPTS):
+        outcomes = yield from layout.send(
+            [
+                layout.entry_put(
+                    state_id,
+                    version.generation,
+                    seqs[i],
+                    bodies[seqs[i]],
+                    version.etag,
+                    mark,
+                    IfMatch=etag,
+                )
+                for i, etag in stale.items()
+            ]
+        )
+        changed: list[int] = []
+        for i, outcome in zip(stale, outcomes, strict=True):
+            if not isinstance(outcome, Exception):
+                replaced[i] = outcome.get("ETag", "")
+                logger.info("replaced %s, left by a refused writer", layout.url(keys[i]))
+            elif error_code(outcome) in PRECONDITION_CODES | NOT_FOUND_CODES:
+                changed.append(i)  # its writer disowned it meanwhile, or someone replaced it
+            else:
+                layout.fail(outcome, keys[i], "PutObject", f"If-Match: {stale[i]}")
+        if not changed:
+            return replaced
+        stale = yield from _still_stale(layout, state_id, version, seqs, keys, bodies, changed)
+        if not stale:
+            return replaced
+    raise second_writer(layout, state_id, keys[next(iter(stale))], seqs[next(iter(stale))])
+
+
+def _same(layout: Layout, body: bytes, bodies: Mapping[int, bytes], seq: int, key: str) -> bool:
+    """Whether a stored entry's ``body`` is the entry this save has for ``seq``."""
+    return body == bodies[seq] or loads_entry(body, layout.url(key), seq) == json.loads(bodies[seq])
+
+
+def _still_stale(
+    layout: Layout,
+    state_id: str,
+    version: Version,
+    seqs: Sequence[int],
+    keys: Sequence[str],
+    bodies: Mapping[int, bytes],
+    changed: Sequence[int],
+) -> Steps[dict[int, str]]:
+    """Read again entries that changed before they could be replaced: which to replace now.
+
+    A disowned entry (its writer was refused) is replaced on its new ETag; our own (an answer
+    lost) is kept; anything else (gone included: only a delete removes entries) is a second
+    writer.
+    """
+    found = yield from layout.send([layout.get(keys[i]) for i in changed])
+    stale: dict[int, str] = {}
+    for i, outcome in zip(changed, found, strict=True):
+        if isinstance(outcome, Exception):
+            if error_code(outcome) in NOT_FOUND_CODES:
+                raise second_writer(layout, state_id, keys[i], seqs[i])
+            layout.fail(outcome, keys[i], "GetObject (an entry to replace)")
+        base = outcome.get("Metadata", {}).get(BASE_META)
+        if base == version.etag and _same(layout, outcome["Body"], bodies, seqs[i], keys[i]):
+            continue  # ours, whose answer was lost
+        if base in (None, version.etag):
             raise second_writer(layout, state_id, keys[i], seqs[i])
-        else:
-            layout.fail(outcome, keys[i], "PutObject", f"If-Match: {stale[i]}")
-    return replaced
+        stale[i] = outcome["ETag"]
+    return stale
 
 
 def _disown(
@@ -213,6 +332,7 @@ def _disown(
     seqs: Sequence[int],
     bodies: Mapping[int, bytes],
     mine: Mapping[int, str],
+    mark: Mark,
 ) -> Steps[None]:
     """Mark the entries of a refused save as based on nothing, so no reader replays them.
 
@@ -222,7 +342,13 @@ def _disown(
     """
     calls = [
         layout.entry_put(
-            state_id, version.generation, seqs[i], bodies[seqs[i]], REFUSED_BASE, IfMatch=etag
+            state_id,
+            version.generation,
+            seqs[i],
+            bodies[seqs[i]],
+            REFUSED_BASE,
+            mark,
+            IfMatch=etag,
         )
         for i, etag in mine.items()
     ]

@@ -12,11 +12,15 @@ winner's. The snapshot's metadata names the generation, the PUT that wrote it (a
 a PUT whose answer was lost is recognised as our own), the layout version, and how many entries
 from seq 0 on were stored when it was written: those entries are part of the State. An entry's
 metadata names the *base* of its writer, the ETag of the snapshot that writer had last written or
-read. An entry beyond the snapshot's count is part of the State only if its base is the stored
-snapshot's ETag: it was saved on top of that snapshot (a tool result saved alone). An entry saved
-on top of an older snapshot belongs to a writer that lost a race or held a stale copy; its
-snapshot PUT (``If-Match`` on that older ETag) can never land, so no reader replays it and the
-next writer replaces it.
+read; the *writer* (a random token per store object); and, for an entry of a save that ends with a
+snapshot PUT, that it is *pending* until a snapshot counts it. Beyond the snapshot's count, a
+reader replays only entries saved alone (a tool result, acknowledged after a check of the base)
+on top of the stored snapshot, one writer's in a row. An entry saved on top of an older snapshot
+belongs to a writer that lost a race or held a stale copy; its snapshot PUT (``If-Match`` on that
+older ETag) can never land, so no reader replays it and the next writer replaces it. Before a
+writer replaces an entry based on the *stored* snapshot (another writer's pending entry, or an
+orphan), it first *claims* that snapshot: it PUTs it again, slightly changed, with ``If-Match``,
+so that the other writer's snapshot PUT can no longer land.
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ BASE_META: Final = "alpineagents-base"
 CREATE_BASE: Final = "-"
 # The base of an entry of a refused save: on top of no snapshot, so never replayed.
 REFUSED_BASE: Final = "refused"
+# On an entry: the writer (store object) that stored it, a random token.
+WRITER_META: Final = "alpineagents-writer"
+# On an entry of a save that ends with a snapshot PUT: "snapshot" (pending until one counts it).
+PENDING_META: Final = "alpineagents-pending"
+PENDING: Final = "snapshot"
 # S3 lists at most 1,000 keys a page and deletes at most 1,000 keys a request.
 PAGE: Final = 1000
 
@@ -90,6 +99,33 @@ class StoredSnapshot:
     meta: SnapshotMeta
     snapshot: dict[str, Any] | None
     body: bytes
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What an entry's metadata says of its writer, besides the base.
+
+    Attributes:
+        writer: The writer's token (one per store object).
+        pending: Whether the save ends with a snapshot PUT, which makes the entry part of the
+            State; an entry saved alone is part of it once saved on top of the stored snapshot.
+    """
+
+    writer: str
+    pending: bool
+
+    def metadata(self, base: str) -> dict[str, str]:
+        """The entry's metadata, on top of the snapshot ``base``."""
+        metadata = {BASE_META: base, WRITER_META: self.writer}
+        if self.pending:
+            metadata[PENDING_META] = PENDING
+        return metadata
+
+
+def claim_body(body: bytes) -> bytes:
+    """``body`` with other trailing whitespace: the same JSON, a new ETag (see the module doc)."""
+    core = body.rstrip(b" \n")
+    return core + b" \n" if body == core + b"\n" else core + b"\n"
 
 
 @dataclass(frozen=True)
@@ -149,11 +185,12 @@ class Layout:
         seq: int,
         body: bytes,
         base: str,
+        mark: Mark,
         **conditions: Any,
     ) -> Call:
-        """An entry PUT: its metadata names the snapshot its writer worked from."""
+        """An entry PUT: its metadata names the snapshot its writer worked from, and the writer."""
         key = self.entry_key(state_id, generation, seq)
-        return self.put(key, body, Metadata={BASE_META: base}, **conditions)
+        return self.put(key, body, Metadata=mark.metadata(base), **conditions)
 
     def snapshot_put(
         self,

@@ -18,7 +18,15 @@ from typing import Any
 from alpineagents_s3 import _contract
 from alpineagents_s3._codec import loads_entry, loads_snapshot, validate_id
 from alpineagents_s3._contract import Record, Summary
-from alpineagents_s3._layout import BASE_META, GENERATION_META, Layout, StoredSnapshot
+from alpineagents_s3._layout import (
+    BASE_META,
+    GENERATION_META,
+    PENDING,
+    PENDING_META,
+    WRITER_META,
+    Layout,
+    StoredSnapshot,
+)
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES
 from alpineagents_s3._versions import Ledger, Version, unbroken_run
@@ -32,10 +40,19 @@ RELISTS = 3
 
 @dataclass(frozen=True)
 class Fetched:
-    """An entry object as read: the entry, and the base its writer named (``None``: not named)."""
+    """An entry object as read, and what its metadata says of its writer.
+
+    Attributes:
+        entry: The history entry.
+        base: The snapshot ETag its writer saved it on top of (``None``: not recorded).
+        writer: The token of its writer (``None``: not recorded).
+        pending: Whether it belongs to a save that ends with a snapshot PUT.
+    """
 
     entry: dict[str, Any]
     base: str | None
+    writer: str | None = None
+    pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,15 +139,34 @@ def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
 
 
 def _vouched(entries: dict[int, Fetched], count: int, etag: str, run: int) -> int:
-    """How many entries from seq 0 on are the State's: ``count``, then those based on ``etag``.
+    """How many entries from seq 0 on are the State's.
 
-    ``run`` is the unbroken run found. An entry without a base (written before bases were
-    recorded) is taken as before: as part of the run.
+    The ``count`` the snapshot accounts for, then the entries saved alone on top of it (based
+    on ``etag``, not pending), by the writer of the first of them. ``run`` is the unbroken run
+    found. An entry of another writer ends the run: two writers saving alone on one snapshot
+    race, and the one whose entry comes first has it. A pending entry ends it too: its save is
+    either under way (its snapshot PUT will count it) or was stopped, and then did not happen.
+    An entry without a base or writer (written before they were recorded) is taken as before.
     """
     seq = min(count, run)
-    while seq < run and entries[seq].base in (None, etag):
+    writer = entries[seq].writer if seq < run else None
+    while seq < run:
+        fetched = entries[seq]
+        if fetched.base not in (None, etag) or fetched.pending or fetched.writer != writer:
+            break
         seq += 1
     return seq
+
+
+def fetched(response: Response, where: str, seq: int) -> Fetched:
+    """An entry object's GetObject response, read."""
+    metadata = response.get("Metadata", {})
+    return Fetched(
+        loads_entry(response["Body"], where, seq),
+        metadata.get(BASE_META),
+        metadata.get(WRITER_META),
+        metadata.get(PENDING_META) == PENDING,
+    )
 
 
 def scan(
@@ -191,8 +227,7 @@ def scan(
                     continue
                 layout.fail(outcome, key, "GetObject")
             if into is not None:
-                base = outcome.get("Metadata", {}).get(BASE_META)
-                into[seq] = Fetched(loads_entry(outcome["Body"], layout.url(key), seq), base)
+                into[seq] = fetched(outcome, layout.url(key), seq)
         if not calls:
             return
 

@@ -12,6 +12,7 @@ write that fills the gap first replaces them (``If-Match`` on their ETags) or re
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -63,11 +64,13 @@ class PendingCreate:
 
 @dataclass
 class Ledger:
-    """The Versions and pending creates of one store object, and its per-State locks."""
+    """The Versions and pending creates of one store object, its per-State locks, its token."""
 
     versions: dict[str, Version] = field(default_factory=dict)
     pending_creates: dict[str, PendingCreate] = field(default_factory=dict)
     locks: LockRegistry = field(default_factory=LockRegistry)
+    # Names this store object as the writer of the entries it stores.
+    writer: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     def lock(self, state_id: str) -> HandoffLock:
         """The lock that keeps this store object's orphan clearing of one State exclusive."""
@@ -88,7 +91,9 @@ class Ledger:
         if self.versions.get(state_id) is not held:
             return
         if held is not None and (held.etag, held.generation) == (read.etag, read.generation):
-            self.versions[state_id] = replace(held, gap=gap, orphans=orphans, count=gap)
+            # A save of ours may be under way: its pending entries are not read, but stored.
+            count = max(held.count or 0, gap)
+            self.versions[state_id] = replace(held, gap=gap, orphans=orphans, count=count)
         else:
             self.versions[state_id] = replace(read, gap=gap, orphans=orphans, floor=gap, count=gap)
 

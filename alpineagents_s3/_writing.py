@@ -9,6 +9,11 @@
   one of our own PUTs whose answer was lost.
 * Entries saved without a snapshot (a tool result saved alone) are checked with a HEAD
   ``If-Match`` on that ETag: they count only if saved on top of the stored snapshot.
+* Before a save replaces entries a snapshot may yet count (another writer's pending entries, or
+  orphans), it *claims* the stored snapshot: the same snapshot PUT again with other trailing
+  whitespace, ``If-Match`` on its ETag. A snapshot PUT of the other writer can no longer land,
+  so whichever of the two wins, the history is one writer's. The claim counts only the entries
+  this save's copy holds (those below its first new seq).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from typing import Any
 
 from alpineagents_s3._codec import dumps, validate_id
 from alpineagents_s3._deleting import delete_keys
-from alpineagents_s3._entries import check_base, clear_orphans, put_entries, refused
+from alpineagents_s3._entries import Contested, check_base, clear_orphans, put_entries, refused
 from alpineagents_s3._layout import (
     CREATE_BASE,
     Layout,
+    Mark,
+    claim_body,
     new_generation,
     new_token,
 )
@@ -82,14 +89,28 @@ def write(
         version = yield from _settle(layout, ledger, state_id, version)
     rest = entries
     written: list[str] = []
-    if entries and version.orphans and first == version.gap:
+    mark = Mark(ledger.writer, pending=body is not None)
+    if first is not None and version.orphans and first == version.gap:
         lock = ledger.lock(state_id)
         yield Hold(lock)
-        version, stored = yield from clear_orphans(layout, ledger, state_id, version, bodies)
+        # A write that held the lock first may have claimed the snapshot and cleared them.
+        version = ledger.versions.get(state_id, version)
+        if version.orphans:
+            version = yield from _claim(layout, ledger, state_id, first, written)
+        version, stored = yield from clear_orphans(layout, ledger, state_id, version, bodies, mark)
         yield Release(lock)
         rest = [entry for entry in entries if entry["seq"] not in stored]
         written += [layout.entry_key(state_id, version.generation, seq) for seq in stored]
-    written += yield from put_entries(layout, state_id, version, rest, bodies)
+    try:
+        written += yield from put_entries(layout, state_id, version, rest, bodies, mark)
+    except Contested as contest:
+        logger.info("%s holds a pending entry of another writer: claiming", contest)
+        assert first is not None  # a write without entries meets no entry
+        version = yield from _claim(layout, ledger, state_id, first, written)
+        try:
+            written += yield from put_entries(layout, state_id, version, rest, bodies, mark)
+        except Contested:  # a writer on the snapshot we claimed: one is a second writer
+            raise refused(layout, state_id, version) from None
     ledger.stored(state_id, {entry["seq"] for entry in entries})
     if body is not None:
         yield from _replace_snapshot(layout, ledger, state_id, body, written)
@@ -155,6 +176,35 @@ def _confirm(
         raise
 
 
+def _claim(
+    layout: Layout, ledger: Ledger, state_id: str, first: int, written: list[str]
+) -> Steps[Version]:
+    """Make the stored snapshot this store object's own write, before replacing entries.
+
+    The snapshot this store object holds is PUT again (other trailing whitespace: a new ETag),
+    with ``If-Match``, counting the ``first`` entries its copy holds. Refused if another writer
+    saved since; then nothing was touched.
+    """
+    version = ledger.versions[state_id]
+    current = yield from get_snapshot(layout, state_id, "GetObject (before a claim)")
+    if current is None:
+        ledger.versions.pop(state_id, None)
+        yield from delete_keys(layout, written, required=False)
+        raise layout.not_found(state_id, ": it was deleted since this store object read it")
+    if current.etag != version.etag:
+        raise refused(layout, state_id, version)
+    claimed = replace(version, count=first)
+    ledger.versions[state_id] = claimed
+    try:
+        yield from _replace_snapshot(layout, ledger, state_id, claim_body(current.body), written)
+    finally:
+        after = ledger.versions.get(state_id)
+        if after is not None:
+            ledger.versions[state_id] = replace(after, count=max(version.count or 0, first))
+    logger.info("claimed %s to replace entries of another writer", layout.snapshot_key(state_id))
+    return ledger.versions[state_id]
+
+
 def _settle(layout: Layout, ledger: Ledger, state_id: str, version: Version) -> Steps[Version]:
     """Find out whether snapshot PUTs that failed without an answer landed.
 
@@ -191,8 +241,9 @@ def _create(
     """
     pending = ledger.pending_creates.get(state_id)
     generation = pending.generation if pending else new_generation()
+    mark = Mark(ledger.writer, pending=True)
     written = yield from put_entries(
-        layout, state_id, Version(CREATE_BASE, generation), entries, bodies
+        layout, state_id, Version(CREATE_BASE, generation), entries, bodies, mark
     )
     key = layout.snapshot_key(state_id)
     token = new_token()

@@ -1,17 +1,17 @@
-"""A load made while a refused save settles reads that save's entries (found by two_writers.py).
+"""A load made while two saves of one State race must read neither's pending entries.
 
     python reliability/repro_mixed_read.py [--endpoint URL] [--third]
 
-Two writers A and B load a State (task only). B saves one message (seq 1) and is held by an
-event hook just before its snapshot PUT. A saves two messages: seq 1 is B's, so A is refused,
-but A's seq 2 landed; A is held just before the PUT that marks it as refused. A reader that
-loads now gets ``task, B: 0, A: 1``: both entries are based on the stored snapshot, so the
-reader replays them. docs/s3.md promises that a refused save leaves nothing a load will ever
-read.
+Found by two_writers.py, fixed since (issue 9). Two writers A and B load a State (task only).
+B saves one message (seq 1) and is held by an event hook just before its snapshot PUT. A saves
+two messages and meets B's entry at seq 1; A is held at its next conditional entry PUT. A
+reader loads now. It used to get ``task, B: 0, A: 1`` (both entries based on the stored
+snapshot were replayed); now a save's entries are pending until its snapshot PUT lands, and A
+claims the snapshot before replacing B's entry, so the reader gets ``task`` and, at the end,
+exactly one writer's history.
 
-With ``--third``, the reader continues from what it loaded and saves first: its snapshot
-counts A's entry, so A and B are both refused and the stored history keeps A's entry for good
-(``task, B: 0, A: 1, C: 0``). Exit status 1 when a refused writer's entry was read.
+With ``--third``, the reader continues from what it loaded and saves too. Exit status 1 when
+a refused writer's entry was read.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def play(url: str, third: bool) -> bool:
     state_id = f"mixed-{uuid.uuid4().hex[:8]}"
     b_held, b_go, a_held, a_go = (threading.Event() for _ in range(4))
     b_hooks = hold(lambda r: r.url.endswith("/snapshot.json"), b_held, b_go)
+    # A's first PUT with If-Match on an entry: its disowning (refused) or a replacement (claimed).
     a_hooks = hold(lambda r: "/entries/" in r.url and "If-Match" in r.headers, a_held, a_go)
     setup, reader = (S3Store(BUCKET, "runs", endpoint_url=url) for _ in range(2))
     a = S3Store(BUCKET, "runs", endpoint_url=url, event_hooks=a_hooks)
@@ -73,7 +74,7 @@ def play(url: str, third: bool) -> bool:
     assert b_held.wait(30), "B never reached its snapshot PUT"
     thread_a = threading.Thread(target=save, args=("A", a, state_a))
     thread_a.start()
-    assert a_held.wait(30), "A was never refused"
+    assert a_held.wait(30), "A never sent a conditional entry PUT"
     seen: State = reader.load(state_id)
     print("loaded while A settles:", [e.text for e in seen.history])
     if third:

@@ -447,6 +447,8 @@ def race(server: Server, trial: int, state_id: str) -> Outcome:
                 for who, error in zip("AB", results, strict=True):
                     expect_error(f"writer {who}", error, ConcurrentWriteError)
                 expect_stored(server, state_id, [TASK], {}, "after both were refused")
+                # Nothing is lost, but one of the two must land (the claim decides).
+                raise Violation("both saves were refused")
 
             return judged("both refused", nobody, expected=False)
         winner, loser, error = pick(results, first, second)
