@@ -554,12 +554,14 @@ def until_snapshot_put(steps: Steps[Any], bucket: FakeBucket) -> Batch:
         step = steps.send([bucket.answer(c) for c in step.calls])
 
 
-def finish(steps: Steps[Any], step: Batch, bucket: FakeBucket) -> None:
-    """Answer ``steps`` from ``bucket``, ``step`` on, to its end (or its exception)."""
-    with pytest.raises(StopIteration):
+def finish(steps: Steps[Any], step: Any, bucket: FakeBucket) -> None:
+    """Answer ``steps`` from ``bucket``, ``step`` on, to its end; its exception propagates."""
+    try:
         while True:
-            step = steps.send([bucket.answer(c) for c in step.calls])
             assert isinstance(step, Batch)
+            step = steps.send([bucket.answer(c) for c in step.calls])
+    except StopIteration:
+        return
 
 
 def race_to_a_pending_entry(bucket: FakeBucket) -> tuple[Writer, Writer, Steps[Any], Batch]:
@@ -641,9 +643,12 @@ def test_two_saves_that_each_took_a_seq_the_other_needs_end_with_one_winner(
         "A": write(a.layout, a.ledger, "s", entries(1, 3, "A"), snapshot(3, "A"), False),
         "B": write(b.layout, b.ledger, "s", entries(1, 3, "B"), snapshot(3, "B"), False),
     }
-    batches = {who: next(steps) for who, steps in saves.items()}
-    puts = {who: batch.calls for who, batch in batches.items()}  # [seq 1, seq 2] each
-    answers = {"A": [None, None], "B": [None, None]}  # type: dict[str, list[Any]]
+    puts: dict[str, Sequence[Call]] = {}  # [seq 1, seq 2] each
+    for who, steps in saves.items():
+        batch = next(steps)
+        assert isinstance(batch, Batch)
+        puts[who] = batch.calls
+    answers: dict[str, list[Any]] = {"A": [None, None], "B": [None, None]}
     answers["A"][0] = bucket.answer(puts["A"][0])
     answers["B"][1] = bucket.answer(puts["B"][1])
     answers["A"][1] = bucket.answer(puts["A"][1])  # 412: B's
@@ -652,11 +657,7 @@ def test_two_saves_that_each_took_a_seq_the_other_needs_end_with_one_winner(
     for who in (finishes_first, "B" if finishes_first == "A" else "A"):
         steps, answer = saves[who], answers[who]
         try:
-            step = steps.send(answer)
-            while True:
-                assert isinstance(step, Batch)
-                step = steps.send([bucket.answer(c) for c in step.calls])
-        except StopIteration:
+            finish(steps, steps.send(answer), bucket)
             outcomes[who] = "saved"
         except ConcurrentWriteError:
             outcomes[who] = "refused"
@@ -679,9 +680,7 @@ def test_an_orphan_of_a_save_still_under_way_is_never_replaced(bucket: FakeBucke
     assert texts(reader.read("s")) == ["m0"]  # seq 3 is an orphan beyond the gap at 1
     answers = {id(c): bucket.answer(c) for c in late}
     step = steps.send([early if c not in late else answers[id(c)] for c in batch.calls])
-    with pytest.raises(StopIteration):  # W's snapshot PUT lands
-        while True:
-            step = steps.send([bucket.answer(c) for c in step.calls])
+    finish(steps, step, bucket)  # W's snapshot PUT lands
     with pytest.raises(ConcurrentWriteError):  # the claim finds W's snapshot: nothing touched
         reader.write("s", entries(1, 2, "R"), snapshot(2, "R"))
     assert texts(Writer(bucket).read("s")) == ["m0", "m1W", "m2W", "m3W"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from alpineagents.history import MODEL, TASK, TOOL_RESULT, USER
+from alpineagents.history import TASK, TOOL_RESULT, USER
 from alpineagents_s3 import S3Store
 from tests.helpers import MakeBucket, Mode, results
 
