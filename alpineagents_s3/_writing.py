@@ -27,7 +27,9 @@ from alpineagents_s3._codec import dumps, validate_id
 from alpineagents_s3._deleting import delete_keys
 from alpineagents_s3._entries import Contested, check_base, clear_orphans, put_entries, refused
 from alpineagents_s3._layout import (
+    BASE_META,
     CREATE_BASE,
+    WRITER_META,
     Layout,
     Mark,
     claim_body,
@@ -115,7 +117,8 @@ def write(
     if body is not None:
         yield from _replace_snapshot(layout, ledger, state_id, body, written)
     elif entries:
-        yield from _confirm(layout, ledger, state_id, version, written)
+        last = max(entry["seq"] for entry in entries)
+        yield from _confirm(layout, ledger, state_id, version, written, last)
     logger.debug(
         "saved %d entries of %s in %s (snapshot: %s)",
         len(entries),
@@ -155,18 +158,26 @@ def _first_write(
         while gap in listed:  # seqs below ``first`` are stored: the copy saved them
             gap += 1
         orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
-        version = replace(version, gap=gap, orphans=orphans, count=gap)
+        # What the State holds is what the copy holds; entries from ``first`` on are someone
+        # else's (a save under way, or stopped), never counted by our snapshot.
+        version = replace(version, gap=gap, orphans=orphans, count=first)
     return ledger.versions.setdefault(state_id, version)
 
 
 def _confirm(
-    layout: Layout, ledger: Ledger, state_id: str, version: Version, written: list[str]
+    layout: Layout,
+    ledger: Ledger,
+    state_id: str,
+    version: Version,
+    written: list[str],
+    last: int,
 ) -> Steps[None]:
     """Check that entries saved without a snapshot were saved on top of the stored snapshot.
 
     They are part of the State only if so. If the State was deleted meanwhile, they are removed
     (no one else writes under its generation) and ``StateNotFoundError`` is raised; if another
-    writer saved it since, ``ConcurrentWriteError`` (no reader will replay them).
+    writer saved it since, ``ConcurrentWriteError`` (no reader will replay them) — unless that
+    writer's snapshot counts them (:func:`_adopted`). ``last`` is the highest seq saved.
     """
     try:
         yield from check_base(layout, state_id, version, "confirming a save of entries alone")
@@ -174,6 +185,45 @@ def _confirm(
         ledger.versions.pop(state_id, None)
         yield from delete_keys(layout, written, required=False)
         raise
+    except ConcurrentWriteError:
+        if (yield from _adopted(layout, ledger, state_id, version, written, last)):
+            return
+        raise
+
+
+def _adopted(
+    layout: Layout,
+    ledger: Ledger,
+    state_id: str,
+    version: Version,
+    written: list[str],
+    last: int,
+) -> Steps[bool]:
+    """Whether the snapshot another writer saved since counts these entries, still ours.
+
+    A reader loaded them (saved alone on the stored snapshot, they are replayed) and saved on
+    top: they are part of the State, so the save did happen. This store object's copy is stale
+    all the same; its next save is refused.
+    """
+    current = yield from get_snapshot(layout, state_id, "GetObject (a changed snapshot)")
+    if current is None or current.meta.generation != version.generation:
+        return False
+    if current.meta.count is None or current.meta.count <= last:
+        return False
+    heads = yield from layout.send([layout.head(key) for key in written])
+    for outcome in heads:
+        if isinstance(outcome, Exception):
+            return False
+        metadata = outcome.get("Metadata", {})
+        if metadata.get(WRITER_META) != ledger.writer or metadata.get(BASE_META) != version.etag:
+            return False
+    logger.info(
+        "%d entries of %s saved alone were loaded and saved on by another writer: they are "
+        "part of the State",
+        len(written),
+        state_id,
+    )
+    return True
 
 
 def _claim(

@@ -722,6 +722,36 @@ def test_entries_saved_alone_by_two_writers_are_read_up_to_the_first_ones(
     assert texts(Writer(bucket).read("s")) == ["m0", "m1A", "m2A"]
 
 
+def test_entries_saved_alone_that_a_reader_saved_on_top_of_are_saved(bucket: FakeBucket) -> None:
+    """A's tool result lands; before A's check, another process loads it and saves on top."""
+    Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
+    a, reader = Writer(bucket), Writer(bucket)
+    a.read("s")
+
+    def load_and_save_on_top(batch: int, calls: Sequence[Call]) -> None:
+        if calls[0].method == "head_object" and not reader.ledger.versions:
+            assert texts(reader.read("s")) == ["m0", "m1A"]
+            reader.write("s", entries(2, 3, "R"), snapshot(3, "R"))
+
+    a.write("s", entries(1, 2, "A"), None, before=load_and_save_on_top)  # saved: it is counted
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1A", "m2R"]
+    with pytest.raises(ConcurrentWriteError):  # but A's copy is behind: its next save is refused
+        a.write("s", entries(2, 3, "A"), snapshot(3, "A"))
+
+
+def test_a_store_object_that_did_not_read_never_counts_a_killed_saves_entries(
+    bucket: FakeBucket,
+) -> None:
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    killed = write(writer.layout, writer.ledger, "s", entries(1, 4, "killed"), snapshot(4), False)
+    until_snapshot_put(killed, bucket)
+    killed.close()
+    Writer(bucket).write("s", entries(1, 2, "R"), snapshot(2, "R"))  # its first request
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1R"]  # not the killed 2 and 3
+    assert bucket.objects[snapshot_key("s")].metadata[ENTRIES_META] == "2"
+
+
 def test_a_refused_stale_copy_leaves_nothing_that_is_read(bucket: FakeBucket) -> None:
     Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
     a, stale = Writer(bucket), Writer(bucket)
