@@ -18,6 +18,7 @@ from alpineagents_s3._deleting import delete
 from alpineagents_s3._layout import Layout
 from alpineagents_s3._reading import StoredObject, list_states, objects, read
 from alpineagents_s3._steps import Steps
+from alpineagents_s3._sweeping import SWEEP_AGE, sweep
 from alpineagents_s3._sync import SyncDriver
 from alpineagents_s3._versions import Ledger
 from alpineagents_s3._writing import write
@@ -257,6 +258,23 @@ class S3Store(Store):
         """Every object under the State's prefix, with its size and role, in key order."""
         return self._sync.run(self._steps(objects, state_id))
 
+    def sweep(self, older_than: float = SWEEP_AGE) -> builtins.list[str]:
+        """Remove what creates that died left behind; return the keys removed.
+
+        A create writes a State's first entries under a new *generation*, then the snapshot
+        that names it. One killed in between (or that lost a race and died before cleaning
+        up) leaves entries no snapshot names: never read, kept until the State is deleted, or
+        for good when no State was created. This removes every such generation whose newest
+        object is older than ``older_than`` seconds (by this machine's clock; default one
+        day), so a create under way is never touched. Run it from a scheduled job.
+
+        It lists the whole prefix (1 request per 1,000 objects) and HEADs the snapshot of
+        each State that has entries. Entries of the State's own generation are left (a save
+        that was stopped left them pending: the State's next save replaces them), and so are
+        keys S3Store did not name.
+        """
+        return self._sync.run(self._steps(sweep, older_than))
+
     def close(self) -> None:
         """Close the boto3 client and thread pool; the store refuses any later use.
 
@@ -312,6 +330,10 @@ class S3Store(Store):
     async def aobjects(self, state_id: str) -> builtins.list[StoredObject]:
         """Async ``objects``, on aioboto3."""
         return await self._async.run(self._steps(objects, state_id))
+
+    async def asweep(self, older_than: float = SWEEP_AGE) -> builtins.list[str]:
+        """Async ``sweep``, on aioboto3."""
+        return await self._async.run(self._steps(sweep, older_than))
 
     async def aclose(self) -> None:
         """Close the aioboto3 client of the running event loop, and the sync client.

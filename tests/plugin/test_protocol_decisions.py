@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -49,6 +49,7 @@ from alpineagents_s3._layout import ENTRIES_META, GENERATION_META, Layout
 from alpineagents_s3._lock import HandoffLock
 from alpineagents_s3._reading import list_states, read
 from alpineagents_s3._steps import Batch, Call, Hold, Outcome, Release, Steps
+from alpineagents_s3._sweeping import sweep
 from alpineagents_s3._sync import SyncDriver
 from alpineagents_s3._translate import Fault, Where, translate, translate_fault
 from alpineagents_s3._versions import Ledger
@@ -830,6 +831,24 @@ def test_entries_written_before_bases_were_recorded_are_still_read(bucket: FakeB
     key = writer.layout.entry_key("s", generation, 1)
     bucket.put_object(Key=key, Body=json.dumps(entries(1, 2)[0]).encode())  # no base
     assert texts(Writer(bucket).read("s")) == ["m0", "m1"]
+
+
+def test_a_sweep_keeps_a_create_under_way_and_removes_old_leftovers(bucket: FakeBucket) -> None:
+    writer = Writer(bucket)
+    old = write(writer.layout, writer.ledger, "old", entries(0, 2), snapshot(2), True)
+    until_snapshot_put(old, bucket)
+    old.close()  # killed before its snapshot PUT
+    later = datetime.now(UTC) + timedelta(minutes=30)
+    for stored in bucket.objects.values():
+        stored.modified -= timedelta(hours=3)  # three hours ago
+    under_way = write(writer.layout, writer.ledger, "new", entries(0, 1), snapshot(1), True)
+    step = until_snapshot_put(under_way, bucket)
+    removed = run(sweep(writer.layout, 3600, now=later), bucket)
+    assert [k.rsplit("/", 1)[1] for k in removed] == ["0000000000.json", "0000000001.json"]
+    assert all("/old/" in k for k in removed)
+    finish(under_way, step, bucket)  # the create under way lands, whole
+    assert texts(Writer(bucket).read("new")) == ["m0"]
+    assert run(sweep(writer.layout, 0), bucket) == []
 
 
 # Orphans and listings -----------------------------------------------------------------------
