@@ -1,0 +1,109 @@
+"""The request budget of every store operation, pinned: a change that costs more fails here.
+
+Counted by botocore event hooks on the store's own client (``RequestLog``), every request the
+store sends, retries included, on moto's server. The figures are the protocol's and hold on
+any S3; docs/s3.md ("What it costs") and docs/performance.md quote them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable
+from typing import Any
+
+import pytest
+
+from alpineagents import State, _saving
+from alpineagents_s3._layout import BASE_META, PENDING, PENDING_META, WRITER_META
+from alpineagents_s3.testing import RequestLog
+from tests.helpers import Mode, entry_dicts, tool_turn
+from tests.s3.helpers import Stores, body, entry_key, raw_client
+
+
+def with_history(state_id: str, turns: int) -> State:
+    state = State("budget", id=state_id)
+    for n in range(turns):
+        tool_turn(state, n)
+    return state
+
+
+async def counted(log: RequestLog, operation: Awaitable[Any]) -> Counter[str]:
+    log.clear()
+    await operation
+    return log.counts()
+
+
+async def test_the_steady_state_write_path_sends_no_get_list_or_head_but_one_check(
+    mode: Mode, stores: Stores
+) -> None:
+    log = RequestLog()
+    io = stores.io(mode, event_hooks=log.hooks)
+    state = State("budget", id="steady")
+    assert await counted(log, io.save(state)) == {"PUT": 2}  # create: entry 0, snapshot
+    tool_turn(state, 1)
+    assert await counted(log, io.save(state)) == {"PUT": 3}  # two entries, the snapshot
+    assert await counted(log, io.save(state)) == {}  # nothing changed
+    state.data["step"] = 1
+    assert await counted(log, io.save(state)) == {"PUT": 1}  # the snapshot alone
+    tool_turn(state, 2)
+    result = state.history.pop()  # a model response, then its tool result saved alone
+    assert await counted(log, io.save(state)) == {"PUT": 2}
+    state.history.append(result)
+    if mode == "async":
+        alone = _saving.asave(io.store, state, entries_only=True)
+    else:
+        alone = asyncio.to_thread(_saving.save, io.store, state, entries_only=True)
+    assert await counted(log, alone) == {"PUT": 1, "HEAD": 1}  # the entry, then the check
+
+
+@pytest.mark.parametrize("turns", [0, 12, 600])
+async def test_a_load_is_one_listing_per_1000_entries_and_one_get_per_object(
+    mode: Mode, stores: Stores, turns: int
+) -> None:
+    state = with_history(f"load-{turns}", turns)
+    stores.new().save(state)
+    log = RequestLog()
+    io = stores.io(mode, event_hooks=log.hooks)
+    entries = 1 + 2 * turns
+    expected = {"GET": entries + 1, "LIST": 1 + entries // 1000}
+    assert await counted(log, io.load(state.id)) == expected
+
+
+async def test_list_delete_and_a_first_write_cost_what_the_docs_say(
+    mode: Mode, stores: Stores
+) -> None:
+    for n in range(3):
+        stores.new().save(with_history(f"listed-{n}", 1))
+    log = RequestLog()
+    io = stores.io(mode, event_hooks=log.hooks)
+    assert await counted(log, io.list()) == {"LIST": 1, "GET": 3}
+    assert await counted(log, io.delete("listed-0")) == {"HEAD": 1, "DELETE": 2, "LIST": 1}
+    # A store object that never read the State: the snapshot and the listing, in one round.
+    state = stores.new().load("listed-1")
+    tool_turn(state, 9)
+    assert await counted(log, io.save(state)) == {"GET": 1, "LIST": 1, "PUT": 3}
+
+
+async def test_resuming_after_a_killed_save_costs_one_claim(mode: Mode, stores: Stores) -> None:
+    """The pending entries of a save killed before its snapshot: one claim, then replaced."""
+    stores.new().save(with_history("killed", 1))
+    client = raw_client(stores.url)
+    base = client.head_object(Bucket=stores.bucket, Key="runs/killed/snapshot.json")["ETag"]
+    for seq, entry in enumerate(entry_dicts(3, 5, "killed"), start=3):
+        client.put_object(  # as a save killed before its snapshot PUT leaves them
+            Bucket=stores.bucket,
+            Key=entry_key(client, stores.bucket, "killed", seq),
+            Body=body(entry),
+            Metadata={BASE_META: base, WRITER_META: "dead", PENDING_META: PENDING},
+        )
+    client.close()
+    log = RequestLog()
+    io = stores.io(mode, event_hooks=log.hooks)
+    state = await io.load("killed")
+    tool_turn(state, 1)  # seqs 3, 4: both taken by the killed save
+    # The load took seq 4 for an orphan (beyond seq 3, which it does not read). The claim
+    # (GET, PUT of the snapshot); the orphan replaced (PUT, If-Match); seq 3 (PUT: taken, GET,
+    # HEAD of the snapshot, PUT, If-Match); the snapshot (PUT).
+    assert await counted(log, io.save(state)) == {"GET": 2, "PUT": 5, "HEAD": 1}
+    assert [e.text for e in (await stores.io(mode).load("killed")).history[3:]] == ["", "result 1"]
