@@ -26,6 +26,7 @@ so that the other writer's snapshot PUT can no longer land.
 from __future__ import annotations
 
 import re
+import secrets
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,9 +124,14 @@ class Mark:
 
 
 def claim_body(body: bytes) -> bytes:
-    """``body`` with other trailing whitespace: the same JSON, a new ETag (see the module doc)."""
-    core = body.rstrip(b" \n")
-    return core + b" \n" if body == core + b"\n" else core + b"\n"
+    """``body`` with a random tail of whitespace: the same JSON, an ETag no PUT had before.
+
+    S3's ETag of a plain PUT is the MD5 of the body, so each claim must write bytes no earlier
+    version of the snapshot had: 64 random bits, spelled in spaces and tabs.
+    """
+    bits = secrets.randbits(64)
+    tail = bytes(b" \t"[(bits >> i) & 1] for i in range(64))
+    return body.rstrip(b" \t\n") + b"\n" + tail + b"\n"
 
 
 @dataclass(frozen=True)
