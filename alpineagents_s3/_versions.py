@@ -39,6 +39,8 @@ class Version:
             some.
         unsure: Tokens of snapshot PUTs that failed without an answer since the last one that
             landed: S3 may have applied them, so finding one of them stored means "our own".
+        refused: The first write of this store object came from a copy behind the stored
+            snapshot: every later write is refused until it reads the State again.
     """
 
     etag: str
@@ -48,6 +50,7 @@ class Version:
     floor: int = 0
     count: int | None = None
     unsure: frozenset[str] = frozenset()
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ class Ledger:
         """
         if self.versions.get(state_id) is not held:
             return
-        if held is not None and (held.etag, held.generation) == (read.etag, read.generation):
+        same = held is not None and (held.etag, held.generation) == (read.etag, read.generation)
+        if held is not None and same and not held.refused:
             # A save of ours may be under way: its pending entries are not read, but stored.
             count = max(held.count or 0, gap)
             self.versions[state_id] = replace(held, gap=gap, orphans=orphans, count=count)

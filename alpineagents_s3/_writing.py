@@ -79,7 +79,13 @@ def write(
     version = ledger.versions.get(state_id)
     if version is None:
         version = yield from _first_write(layout, ledger, state_id, entries)
-    elif first is not None and first < version.floor:
+        if first is not None and first < version.floor:
+            # A copy behind the stored snapshot, met first in a write: nothing tells this
+            # store object its later saves apart from it, so they are refused too.
+            ledger.versions[state_id] = replace(version, refused=True)
+    if version.refused:
+        raise refused(layout, state_id, version)
+    if first is not None and first < version.floor:
         raise ConcurrentWriteError(
             f"State {state_id!r} was saved by another writer since this copy of it was "
             f"loaded: this store object has read it since with {version.floor} history "
@@ -161,6 +167,9 @@ def _first_write(
         # What the State holds is what the copy holds; entries from ``first`` on are someone
         # else's (a save under way, or stopped), never counted by our snapshot.
         version = replace(version, gap=gap, orphans=orphans, count=first)
+        if stored.meta.count is not None and first < stored.meta.count:
+            # The stored snapshot counts entries this copy does not have: it is behind.
+            version = replace(version, floor=stored.meta.count)
     return ledger.versions.setdefault(state_id, version)
 
 

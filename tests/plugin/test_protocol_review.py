@@ -245,15 +245,6 @@ def test_a_third_claim_does_not_let_the_first_claimers_snapshot_land(bucket: Fak
     assert stored_tag(bucket) == "C"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a store object that never read the State takes the stored ETag as its base; refused "
-        "at seq 1 (another writer's counted entry), it keeps that Version, so its next tool "
-        "result saved alone (seq 2) lands on the stored snapshot, passes the check and is "
-        "replayed on top of the other writer's history: a mix of two writers"
-    ),
-)
 def test_a_first_write_refused_at_one_entry_is_refused_at_the_next(bucket: FakeBucket) -> None:
     Writer(bucket).write("s", entries(0, 1), snapshot(1), create=True)
     other = Writer(bucket)
@@ -269,14 +260,6 @@ def test_a_first_write_refused_at_one_entry_is_refused_at_the_next(bucket: FakeB
     assert texts(Writer(bucket).read("s")) == ["m0", "m1B"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a save of entries alone refused at one seq stores its others on the stored snapshot, "
-        "not pending; until its disown PUT lands (or for good, if the process dies first) a "
-        "load replays them on top of the winner's history: a mix of two writers"
-    ),
-)
 def test_a_refused_save_of_entries_alone_is_never_read_before_it_is_disowned(
     bucket: FakeBucket,
 ) -> None:
@@ -284,11 +267,11 @@ def test_a_refused_save_of_entries_alone_is_never_read_before_it_is_disowned(
     other = Writer(bucket)
     other.read("s")
     other.write("s", entries(1, 2, "B"), snapshot(2, "B"))
-    agent_store = Writer(bucket)  # never read: its base is the stored snapshot
-    refused = saving(agent_store, "s", entries(1, 3, "V"), None)
-    refused.until(disown)  # its entry 2 landed, entry 1 met B's: it is about to disown
-    assert texts(Writer(bucket).read("s")) == ["m0", "m1B"]
-    refused.kill()  # and if it dies right here
+    agent_store = Writer(bucket)  # never read: the stored snapshot counts 2, its copy 1
+    before = len(bucket.calls)
+    with pytest.raises(ConcurrentWriteError):
+        saving(agent_store, "s", entries(1, 3, "V"), None).finish()
+    assert not [c for c in bucket.calls[before:] if c.method == "put_object"]  # refused first
     assert texts(Writer(bucket).read("s")) == ["m0", "m1B"]
 
 
