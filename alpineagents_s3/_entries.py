@@ -203,6 +203,11 @@ def _settle_taken(
     alone: dict[int, str] = {}  # index -> writer, of entries saved alone by another writer
     for i, outcome in zip(taken, found, strict=True):
         if isinstance(outcome, Exception):
+            if error_code(outcome) in NOT_FOUND_CODES:
+                # Gone since its PUT met it: the State deleted (StateNotFoundError), or a
+                # writer cleared it as an orphan (another writer is saving).
+                yield from check_base(layout, state_id, version, "an entry that vanished")
+                raise second_writer(layout, state_id, keys[i], seqs[i])
             layout.fail(outcome, keys[i], "GetObject (an entry already stored)")
         metadata = outcome.get("Metadata", {})
         same = _same(layout, outcome["Body"], bodies, seqs[i], keys[i])

@@ -299,15 +299,6 @@ def test_a_sweep_never_removes_the_entries_of_a_create_being_retried(bucket: Fak
     assert texts(Writer(bucket).read("s")) == ["m0", "m1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a delete that lists the State's objects before a save's entry PUTs land and deletes "
-        "them after: the save's GET of the entry it met (deleted meanwhile) fails with an "
-        "S3StoreError instead of StateNotFoundError, and the entry it did store stays under "
-        "the deleted State"
-    ),
-)
 def test_a_delete_racing_a_saves_entry_puts_raises_not_found_and_leaves_nothing(
     bucket: FakeBucket,
 ) -> None:
