@@ -25,19 +25,28 @@ from typing import Any
 
 from alpineagents_s3._codec import dumps, validate_id
 from alpineagents_s3._deleting import delete_keys
-from alpineagents_s3._entries import Contested, check_base, clear_orphans, put_entries, refused
+from alpineagents_s3._entries import (
+    Contested,
+    check_base,
+    clear_orphans,
+    put_entries,
+    refused,
+    second_writer,
+)
 from alpineagents_s3._layout import (
     BASE_META,
     CREATE_BASE,
+    PENDING_META,
     WRITER_META,
     Layout,
     Mark,
+    StoredSnapshot,
     claim_body,
     new_generation,
     new_token,
 )
 from alpineagents_s3._reading import get_snapshot, scan
-from alpineagents_s3._steps import Hold, Release, Steps, error_code
+from alpineagents_s3._steps import Hold, Release, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger, PendingCreate, Version, first_seq
 from alpineagents_s3.errors import ConcurrentWriteError, StateExistsError
@@ -245,13 +254,28 @@ def _claim(
     saved since; then nothing was touched.
     """
     version = ledger.versions[state_id]
-    current = yield from get_snapshot(layout, state_id, "GetObject (before a claim)")
+    snap_key = layout.snapshot_key(state_id)
+    there = layout.entry_key(state_id, version.generation, first)
+    got, head = yield from layout.send([layout.get(snap_key), layout.head(there)])
+    current = None
+    if isinstance(got, Exception):
+        if error_code(got) not in NOT_FOUND_CODES:
+            layout.fail(got, snap_key, "GetObject (before a claim)")
+    else:
+        current = layout.stored_snapshot(state_id, got)
     if current is None:
         ledger.versions.pop(state_id, None)
         yield from delete_keys(layout, written, required=False)
         raise layout.not_found(state_id, ": it was deleted since this store object read it")
     if current.etag != version.etag:
         raise refused(layout, state_id, version)
+    if isinstance(head, Exception):
+        if error_code(head) not in NOT_FOUND_CODES:
+            layout.fail(head, there, "HeadObject (before a claim)")
+    elif (yield from _read_there(layout, ledger, state_id, current, head, first)):
+        # At our first seq, an entry saved alone on this snapshot by another writer (a tool
+        # result, since our load) that loads read: this copy is behind.
+        raise second_writer(layout, state_id, there, first)
     claimed = replace(version, count=first)
     ledger.versions[state_id] = claimed
     try:
@@ -262,6 +286,36 @@ def _claim(
             ledger.versions[state_id] = replace(after, count=max(version.count or 0, first))
     logger.info("claimed %s to replace entries of another writer", layout.snapshot_key(state_id))
     return ledger.versions[state_id]
+
+
+def _read_there(
+    layout: Layout,
+    ledger: Ledger,
+    state_id: str,
+    current: StoredSnapshot,
+    head: Response,
+    seq: int,
+) -> Steps[bool]:
+    """Whether loads read the entry at ``seq`` (``head`` of it), another writer's.
+
+    Beyond the snapshot's count, loads read entries saved alone on it, one writer's in a row:
+    the entry is read if it is such an entry and the first beyond the count is its writer's.
+    """
+    metadata = head.get("Metadata", {})
+    writer = metadata.get(WRITER_META)
+    alone = metadata.get(BASE_META) == current.etag and PENDING_META not in metadata
+    if not alone or writer in (None, ledger.writer):
+        return False
+    count = current.meta.count
+    if count is None or seq <= count:
+        return count is not None
+    key = layout.entry_key(state_id, current.meta.generation, count)
+    (first,) = yield from layout.send([layout.head(key)])
+    if isinstance(first, Exception):
+        if error_code(first) in NOT_FOUND_CODES:
+            return False
+        layout.fail(first, key, "HeadObject (before a claim)")
+    return bool(first.get("Metadata", {}).get(WRITER_META) == writer)
 
 
 def _settle(layout: Layout, ledger: Ledger, state_id: str, version: Version) -> Steps[Version]:

@@ -198,15 +198,6 @@ def test_a_claim_of_one_store_object_does_not_refuse_its_other_tool_result(
     assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2", "m3", "m4"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the orphan path claims before it looks at the seq it fills: another writer's tool "
-        "result saved alone there after our load (acknowledged, replayed by every load) is "
-        "uncounted by the claim, then replaced as a stale leftover: an acknowledged entry "
-        "changed, and the second writer wins silently"
-    ),
-)
 def test_an_orphan_claim_never_replaces_another_writers_acknowledged_tool_result(
     bucket: FakeBucket,
 ) -> None:
