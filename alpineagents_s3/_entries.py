@@ -27,7 +27,10 @@ from alpineagents_s3._codec import loads_entry
 from alpineagents_s3._deleting import check_deletes, delete_keys
 from alpineagents_s3._layout import (
     BASE_META,
+    CLAIMED_META,
+    CLAIMER_META,
     ENTRIES_META,
+    GENERATION_META,
     PENDING,
     PENDING_META,
     REFUSED_BASE,
@@ -35,7 +38,7 @@ from alpineagents_s3._layout import (
     Layout,
     Mark,
 )
-from alpineagents_s3._steps import Steps, error_code
+from alpineagents_s3._steps import Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger, Version
 from alpineagents_s3.errors import ConcurrentWriteError
@@ -227,7 +230,9 @@ def _settle_taken(
     # its count was saved on top of an older snapshot by a writer whose snapshot PUT can never
     # land: it is no one's, and is replaced. A pending one on this snapshot is contested.
     try:
-        count = yield from check_base(layout, state_id, version, "an entry of another writer")
+        count = yield from check_base(
+            layout, state_id, version, "an entry of another writer", mark.writer
+        )
     except ConcurrentWriteError:
         met = [*contested, *alone]
         if met:  # its writer's snapshot landed: name the entry that says so
@@ -366,24 +371,42 @@ def _disown(
             )
 
 
-def check_base(layout: Layout, state_id: str, version: Version, why: str) -> Steps[int | None]:
+def check_base(
+    layout: Layout, state_id: str, version: Version, why: str, writer: str | None = None
+) -> Steps[int | None]:
     """Confirm that the stored snapshot is still the one ``version`` names (HEAD, If-Match).
 
-    Returns how many entries it counts (``None`` if its metadata does not say). Raises
+    Returns how many entries it counts (``None`` if its metadata does not say). A claim that
+    ``writer`` (this store object) made on top of that snapshot counts as it: its entries saved
+    alone on the claimed snapshot are read as saved on the claim. Raises
     ``StateNotFoundError`` if the State was deleted, ``ConcurrentWriteError`` if another writer
     saved it since.
     """
     key = layout.snapshot_key(state_id)
     (outcome,) = yield from layout.send([layout.head(key, IfMatch=version.etag)])
     if not isinstance(outcome, Exception):
-        raw = outcome.get("Metadata", {}).get(ENTRIES_META, "")
-        return int(raw) if raw.isdigit() else None
+        return _count(outcome)
     code = error_code(outcome)
     if code in NOT_FOUND_CODES:
         raise layout.not_found(state_id, f": {layout.url(key)} was deleted ({why})")
-    if code in PRECONDITION_CODES:
-        raise refused(layout, state_id, version)
-    layout.fail(outcome, key, f"HeadObject ({why})", f"If-Match: {version.etag}")
+    if code not in PRECONDITION_CODES:
+        layout.fail(outcome, key, f"HeadObject ({why})", f"If-Match: {version.etag}")
+    if writer is not None:
+        (current,) = yield from layout.send([layout.head(key)])
+        if not isinstance(current, Exception):
+            metadata = current.get("Metadata", {})
+            if (
+                metadata.get(CLAIMED_META) == version.etag
+                and metadata.get(CLAIMER_META) == writer
+                and metadata.get(GENERATION_META) == version.generation
+            ):
+                return _count(current)
+    raise refused(layout, state_id, version)
+
+
+def _count(head: Response) -> int | None:
+    raw = head.get("Metadata", {}).get(ENTRIES_META, "")
+    return int(raw) if raw.isdigit() else None
 
 
 def refused(layout: Layout, state_id: str, version: Version) -> ConcurrentWriteError:

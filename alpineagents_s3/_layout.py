@@ -61,6 +61,10 @@ WRITER_META: Final = "alpineagents-writer"
 # On an entry of a save that ends with a snapshot PUT: "snapshot" (pending until one counts it).
 PENDING_META: Final = "alpineagents-pending"
 PENDING: Final = "snapshot"
+# On a claim: the ETag of the snapshot it replaced, and the claiming writer. Loads read that
+# writer's entries saved alone on the replaced snapshot as on the claim (its own tool results).
+CLAIMED_META: Final = "alpineagents-claimed-from"
+CLAIMER_META: Final = "alpineagents-claimer"
 # S3 lists at most 1,000 keys a page and deletes at most 1,000 keys a request.
 PAGE: Final = 1000
 
@@ -85,11 +89,15 @@ class SnapshotMeta:
         generation: The generation whose entries belong to the State.
         token: The token of the PUT that wrote it (``None`` if absent).
         count: How many entries from seq 0 on were stored when it was written, if recorded.
+        claimed_from: For a claim, the ETag of the snapshot it replaced.
+        claimer: For a claim, the writer that made it.
     """
 
     generation: str
     token: str | None
     count: int | None
+    claimed_from: str | None = None
+    claimer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,12 +213,18 @@ class Layout:
         generation: str,
         token: str,
         count: int | None,
+        claim: tuple[str, str] | None = None,
         **conditions: Any,
     ) -> Call:
-        """The snapshot PUT: its metadata names the generation, this PUT and the layout."""
+        """The snapshot PUT: its metadata names the generation, this PUT and the layout.
+
+        ``claim`` is ``(the ETag it replaces, the claiming writer)`` for a claim.
+        """
         metadata = {GENERATION_META: generation, WRITE_META: token, LAYOUT_META: str(LAYOUT)}
         if count is not None:
             metadata[ENTRIES_META] = str(count)
+        if claim is not None:
+            metadata[CLAIMED_META], metadata[CLAIMER_META] = claim
         return self.put(self.snapshot_key(state_id), body, Metadata=metadata, **conditions)
 
     def get(self, key: str) -> Call:
@@ -267,7 +281,13 @@ class Layout:
         body = response["Body"]
         return StoredSnapshot(
             response["ETag"],
-            SnapshotMeta(generation, metadata.get(WRITE_META), count),
+            SnapshotMeta(
+                generation,
+                metadata.get(WRITE_META),
+                count,
+                metadata.get(CLAIMED_META),
+                metadata.get(CLAIMER_META),
+            ),
             loads_snapshot(body, self.url(key)),
             body,
         )

@@ -122,7 +122,8 @@ def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
         )
 
     # Beyond the count, only entries saved on top of this very snapshot are the State's.
-    gap = _vouched(entries, covered or 0, stored.etag, gap)
+    also = (stored.meta.claimed_from, stored.meta.claimer)
+    gap = _vouched(entries, covered or 0, stored.etag, gap, also)
     orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
     if orphans:
         logger.info(
@@ -138,7 +139,13 @@ def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
     return _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)
 
 
-def _vouched(entries: dict[int, Fetched], count: int, etag: str, run: int) -> int:
+def _vouched(
+    entries: dict[int, Fetched],
+    count: int,
+    etag: str,
+    run: int,
+    also: tuple[str | None, str | None] = (None, None),
+) -> int:
     """How many entries from seq 0 on are the State's.
 
     The ``count`` the snapshot accounts for, then the entries saved alone on top of it (based
@@ -146,13 +153,19 @@ def _vouched(entries: dict[int, Fetched], count: int, etag: str, run: int) -> in
     found. An entry of another writer ends the run: two writers saving alone on one snapshot
     race, and the one whose entry comes first has it. A pending entry ends it too: its save is
     either under way (its snapshot PUT will count it) or was stopped, and then did not happen.
-    An entry without a base or writer (written before they were recorded) is taken as before.
+    ``also`` is, for a claim, the snapshot it replaced and the claiming writer: that writer's
+    entries saved alone on the replaced snapshot count as saved on the claim. An entry
+    without a base or writer (written before they were recorded) is taken as before.
     """
+    claimed_from, claimer = also
     seq = min(count, run)
     writer = entries[seq].writer if seq < run else None
     while seq < run:
         fetched = entries[seq]
-        if fetched.base not in (None, etag) or fetched.pending or fetched.writer != writer:
+        based = fetched.base in (None, etag) or (
+            claimed_from is not None and fetched.base == claimed_from and fetched.writer == claimer
+        )
+        if not based or fetched.pending or fetched.writer != writer:
             break
         seq += 1
     return seq

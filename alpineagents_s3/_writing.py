@@ -198,7 +198,8 @@ def _confirm(
     writer's snapshot counts them (:func:`_adopted`). ``last`` is the highest seq saved.
     """
     try:
-        yield from check_base(layout, state_id, version, "confirming a save of entries alone")
+        why = "confirming a save of entries alone"
+        yield from check_base(layout, state_id, version, why, ledger.writer)
     except KeyError:
         ledger.versions.pop(state_id, None)
         yield from delete_keys(layout, written, required=False)
@@ -279,7 +280,9 @@ def _claim(
     claimed = replace(version, count=first)
     ledger.versions[state_id] = claimed
     try:
-        yield from _replace_snapshot(layout, ledger, state_id, claim_body(current.body), written)
+        body = claim_body(current.body)
+        claim = (version.etag, ledger.writer)
+        yield from _replace_snapshot(layout, ledger, state_id, body, written, claim)
     finally:
         after = ledger.versions.get(state_id)
         if after is not None:
@@ -390,7 +393,12 @@ def _create(
 
 
 def _replace_snapshot(
-    layout: Layout, ledger: Ledger, state_id: str, body: bytes, written: list[str]
+    layout: Layout,
+    ledger: Ledger,
+    state_id: str,
+    body: bytes,
+    written: list[str],
+    claim: tuple[str, str] | None = None,
 ) -> Steps[None]:
     """PUT the snapshot with ``If-Match`` on the ETag this store object last wrote or read.
 
@@ -406,7 +414,7 @@ def _replace_snapshot(
         version = ledger.versions[state_id]
         token = new_token()
         put = layout.snapshot_put(
-            state_id, body, version.generation, token, version.count, IfMatch=version.etag
+            state_id, body, version.generation, token, version.count, claim, IfMatch=version.etag
         )
         (outcome,) = yield from layout.send([put])
         if not isinstance(outcome, Exception):

@@ -153,15 +153,6 @@ def kill_pending(bucket: FakeBucket, tag: str = "killed", last: int = 2) -> None
 # Holes ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a claim rewrites the snapshot counting only the claiming save's first seq; a tool "
-        "result the same store object saved alone meanwhile (seq above that first) stays based "
-        "on the old ETag, so no load replays it: an acknowledged save is lost (a crash now "
-        "resumes without it and the tool runs again)"
-    ),
-)
 def test_a_claim_drops_a_tool_result_its_own_store_object_saved_alone_meanwhile(
     bucket: FakeBucket,
 ) -> None:
@@ -176,15 +167,6 @@ def test_a_claim_drops_a_tool_result_its_own_store_object_saved_alone_meanwhile(
     assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2", "m3", "m4"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ConcurrentWriteError,
-    reason=(
-        "a single process is refused: its tool result saved alone is checked against the "
-        "ETag it was based on, which its own store object's claim (for another tool result "
-        "of the same turn) has just changed; _adopted does not help (the claim counts less)"
-    ),
-)
 def test_a_claim_of_one_store_object_does_not_refuse_its_other_tool_result(
     bucket: FakeBucket,
 ) -> None:
