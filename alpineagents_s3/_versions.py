@@ -57,8 +57,9 @@ class Version:
 class PendingCreate:
     """A create of this store object whose snapshot PUT failed without a clear answer.
 
-    A later create of the same id reuses its generation and recognises its tokens, so a create
-    that S3 applied but whose answer was lost is not taken for a taken id.
+    A later create of the same id recognises its tokens, so a create that S3 applied but whose
+    answer was lost is not taken for a taken id. (Each attempt writes its entries under a
+    generation of its own, ``generation`` being the latest.)
     """
 
     generation: str

@@ -356,7 +356,8 @@ def _create(
     is brought up to date with ``If-Match``.
     """
     pending = ledger.pending_creates.get(state_id)
-    generation = pending.generation if pending else new_generation()
+    # A new generation for each attempt: entries of an earlier one may be swept meanwhile.
+    generation = new_generation()
     mark = Mark(ledger.writer, pending=True)
     written = yield from put_entries(
         layout, state_id, Version(CREATE_BASE, generation), entries, bodies, mark
@@ -379,7 +380,14 @@ def _create(
     if current is not None and current.meta.token in tokens:
         # An attempt of this very create was applied, but its answer was lost.
         del ledger.pending_creates[state_id]
-        ledger.versions[state_id] = Version(current.etag, current.meta.generation, count=count)
+        landed = current.meta.generation
+        if landed != generation:
+            # An earlier attempt's: its generation is the State's. Entries it lacks go there.
+            there = Version(CREATE_BASE, landed)
+            moved = yield from put_entries(layout, state_id, there, entries, bodies, mark)
+            yield from delete_keys(layout, written, required=False)
+            written = moved
+        ledger.versions[state_id] = Version(current.etag, landed, count=count)
         logger.debug("%s was created by an earlier attempt of this write", layout.url(key))
         if current.body != body:
             yield from _replace_snapshot(layout, ledger, state_id, body, written)

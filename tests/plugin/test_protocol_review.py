@@ -248,16 +248,6 @@ def test_a_refused_save_of_entries_alone_is_never_read_before_it_is_disowned(
     assert texts(Writer(bucket).read("s")) == ["m0", "m1B"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=CorruptStateError,
-    reason=(
-        "a create retried after an unanswered snapshot PUT reuses its generation and skips "
-        "the entries already stored; a sweep that listed them before (older than its "
-        "threshold, no snapshot yet) deletes them after the retry's snapshot lands: the new "
-        "State counts entries that are gone"
-    ),
-)
 def test_a_sweep_never_removes_the_entries_of_a_create_being_retried(bucket: FakeBucket) -> None:
     writer = Writer(bucket)
     bucket.rules.append(Rule(lambda c: is_snapshot_put(c, "IfNoneMatch"), lambda c: lost()))
