@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from alpineagents_s3 import ConcurrentWriteError, CorruptStateError, S3StoreError
+from alpineagents_s3 import ConcurrentWriteError, S3StoreError
 from alpineagents_s3._deleting import delete
 from alpineagents_s3._layout import BASE_META, ENTRIES_META, PENDING_META
 from alpineagents_s3._lock import HandoffLock
