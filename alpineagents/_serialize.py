@@ -11,9 +11,10 @@ import contextlib
 import copy
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Final, get_args
+from typing import Any, Final, cast, get_args
 
 import pydantic_core
 from pydantic import BaseModel
@@ -22,6 +23,7 @@ from alpineagents.errors import CorruptStateError, NotJSONError, SchemaVersionEr
 from alpineagents.history import (
     KINDS,
     TASK,
+    EntryKind,
     check_stored_data,
     check_text,
     is_int,
@@ -34,6 +36,7 @@ SCHEMA_VERSION: Final = 1
 
 _SNAPSHOT_KEYS: Final = ("id", "task", "entries", "data", "created_at", "updated_at")
 _STOPS: Final = get_args(StoppedBy)
+_KIND: Final = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def answer_to_json(value: Any, path: str = "answer") -> Any:
@@ -122,9 +125,11 @@ def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
         )
     part = f"history entry {seq}"
     kind, data = raw.get("kind"), raw.get("data")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+        # A kind this version does not know (a newer one's) is kept: it stays in history
+        # and out of the model's context, and a resume does not replay past it.
         raise DamagedStateError(
-            owner, f"{part}: kind must be one of {sorted(KINDS)}, not {shown(kind)}"
+            owner, f"{part}: kind must be a kind such as {sorted(KINDS)}, not {shown(kind)}"
         )
     part = f"{part} ({kind})"
     text = _checked_str(raw.get("text"), owner, part, "text")
@@ -134,7 +139,8 @@ def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
         check_stored_data(kind, data, seq)
     except ValueError as e:
         raise DamagedStateError(owner, f"{part}: {e}") from None
-    return HistoryEntry(seq, kind, text, data, None, _time(raw.get("at"), owner, part, "at"))
+    when = _time(raw.get("at"), owner, part, "at")
+    return HistoryEntry(seq, cast(EntryKind, kind), text, data, None, when)
 
 
 # Snapshots --------------------------------------------------------------------------------

@@ -254,8 +254,14 @@ class HistoryEntry:
         return ToolResultData.from_data(self._data_of(TOOL_RESULT))
 
     def as_compaction(self) -> CompactionData:
-        """A ``compaction`` entry's data; ``ValueError`` for another kind."""
-        return CompactionData.from_data(self._data_of(COMPACTION))
+        """A ``compaction`` entry's data; ``ValueError`` for another kind.
+
+        A compaction appended without ``covers`` covers every entry before it.
+        """
+        data = self._data_of(COMPACTION)
+        if "covers" not in data:
+            data = {**data, "covers": self.seq - 1}
+        return CompactionData.from_data(data)
 
     def as_notice(self) -> NoticeData:
         """A ``notice`` entry's data; ``ValueError`` for another kind."""
@@ -298,6 +304,8 @@ def check_stored_data(kind: str, data: dict[str, Any], seq: int) -> None:
     (``data['content'][0]['text'] must be a str, not 5 (int)``). Keys alpineagents does not
     read are left alone.
     """
+    if kind not in KINDS:
+        return  # a kind of a newer alpineagents: kept in history, left out of the context
     if kind == USER:
         _optional(data, "answers", str)
     elif kind == MODEL:
@@ -318,7 +326,7 @@ def check_stored_data(kind: str, data: dict[str, Any], seq: int) -> None:
         _optional(data, "is_error", bool)
         _optional(data, "unknown", bool)
     elif kind == COMPACTION:
-        covers = data.get("covers")
+        covers = data.get("covers", seq - 1)  # without it: every entry before
         if not is_int(covers) or not 0 <= covers < seq:
             _bad("data['covers']", f"the seq of an earlier entry (0 to {seq - 1})", covers)
         _check_usage(data)
