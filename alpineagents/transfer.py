@@ -44,6 +44,7 @@ from alpineagents.errors import (
     StateExistsError,
     StateNotFoundError,
 )
+from alpineagents.history import is_int, shown
 from alpineagents.store import Record, Store
 
 __all__ = [
@@ -407,12 +408,15 @@ def parse_export(document: str | bytes | Mapping[str, Any], where: str = "") -> 
     snapshot = document.get("snapshot")
     if not isinstance(state_id, str):
         raise CorruptStateError(f"{where} has no State id")
-    if (
-        not isinstance(entries, list)
-        or not entries
-        or not all(isinstance(e, dict) and type(e.get("seq")) is int for e in entries)
-    ):
-        raise CorruptStateError(f"{where} has no list of history entries with a seq each")
+    if not isinstance(entries, list) or not entries:
+        raise CorruptStateError(f"{where} has no list of history entries")
+    for i, entry in enumerate(entries):
+        seq = entry.get("seq") if isinstance(entry, dict) else None
+        if not is_int(seq) or seq < 0:
+            raise CorruptStateError(
+                f"State {state_id!r} in {where}, the history entry read at position {i}: "
+                f"seq must be an int >= 0, not {shown(seq)}"
+            )
     if not isinstance(snapshot, dict):
         raise CorruptStateError(f"{where} has no snapshot")
     # The same checks as a load: what a store is given here must be a State it can load.
