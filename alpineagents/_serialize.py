@@ -126,8 +126,8 @@ def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
     part = f"history entry {seq}"
     kind, data = raw.get("kind"), raw.get("data")
     if not isinstance(kind, str) or not _KIND.fullmatch(kind):
-        # A kind this version does not know (a newer one's) is kept: it stays in history
-        # and out of the model's context, and a resume does not replay past it.
+        # Any name passes: a kind this version does not know (a newer one's) is kept in
+        # history, out of the model's context, and a resume does not replay past it.
         raise DamagedStateError(
             owner, f"{part}: kind must be a kind such as {sorted(KINDS)}, not {shown(kind)}"
         )
