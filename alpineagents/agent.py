@@ -52,6 +52,7 @@ from alpineagents.history import (
     COMPACTION,
     MAX_DEPTH,
     MODEL,
+    NOTICE,
     TOOL_RESULT,
     USER,
     CompactionData,
@@ -594,8 +595,12 @@ class Agent:
     def _compaction_request(self, state: State) -> tuple[ModelRequest, int]:
         live = state.live_entries()
         covers = live[-1].seq
-        # The person's latest messages stay as they are, after the summary.
+        # The person's latest messages stay as they are, after the summary, and so do the
+        # notices that follow them: a State loaded after a kill mid-compaction has its
+        # notice after the message that was waiting for an answer.
         for entry in reversed(live):
+            if entry.kind == NOTICE:
+                continue
             if entry.kind != USER or entry.as_user().answers is not None:
                 break
             covers = entry.seq - 1

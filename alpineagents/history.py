@@ -20,11 +20,12 @@ naming the path to the value, before it is kept.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any, Final, Literal, TypedDict, get_args
+from typing import Any, Final, Literal, NoReturn, TypedDict, TypeGuard, get_args
 
 from alpineagents.errors import NotJSONError
 
@@ -47,6 +48,7 @@ __all__ = [
     "ToolResultData",
     "UserData",
     "check_json",
+    "check_stored_data",
     "check_text",
     "ends_turn",
     "tool_calls",
@@ -252,8 +254,14 @@ class HistoryEntry:
         return ToolResultData.from_data(self._data_of(TOOL_RESULT))
 
     def as_compaction(self) -> CompactionData:
-        """A ``compaction`` entry's data; ``ValueError`` for another kind."""
-        return CompactionData.from_data(self._data_of(COMPACTION))
+        """A ``compaction`` entry's data; ``ValueError`` for another kind.
+
+        A compaction appended without ``covers`` covers every entry before it.
+        """
+        data = self._data_of(COMPACTION)
+        if "covers" not in data:
+            data = {**data, "covers": self.seq - 1}
+        return CompactionData.from_data(data)
 
     def as_notice(self) -> NoticeData:
         """A ``notice`` entry's data; ``ValueError`` for another kind."""
@@ -276,6 +284,115 @@ def ends_turn(entry: HistoryEntry) -> bool:
         return False
     response = entry.as_model()
     return not response.tool_calls and response.stop_reason not in CONTINUING_STOP_REASONS
+
+
+# What a stored entry's data may be -----------------------------------------------------------
+
+# Content blocks of a model response that alpineagents reads; any other type is a block the
+# model's API wrote (thinking, server tools, …), kept and sent back as it is. ``tool_use``
+# and ``tool_result`` are the API's names for blocks an adapter translates: never stored.
+_TRANSLATED_BLOCKS: Final = frozenset({"tool_use", "tool_result"})
+_BLOCK_TYPE: Final = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def check_stored_data(kind: str, data: dict[str, Any], seq: int) -> None:
+    """Check the ``data`` of a stored entry of ``kind`` at ``seq``; ``ValueError`` if bad.
+
+    Checked is what alpineagents reads of it (the shapes above, the model's content blocks),
+    so that a damaged entry is refused when it is loaded instead of failing later, on the
+    next run or when a request is formatted. The message starts with the field's path
+    (``data['content'][0]['text'] must be a str, not 5 (int)``). Keys alpineagents does not
+    read are left alone.
+    """
+    if kind not in KINDS:
+        return  # a kind of a newer alpineagents: kept in history, left out of the context
+    if kind == USER:
+        _optional(data, "answers", str)
+    elif kind == MODEL:
+        content = data.get("content", [])
+        if not isinstance(content, list):
+            _bad("data['content']", "a list of content blocks", content)
+        for i, block in enumerate(content):
+            _check_block(block, f"data['content'][{i}]")
+        _optional(data, "stop_reason", str)
+        _check_usage(data)
+        _optional(data, "model", str)
+    elif kind == TOOL_RESULT:
+        if "call_id" not in data:
+            raise ValueError("data['call_id'] is missing: a tool result names the call it answers")
+        if not isinstance(data["call_id"], str) or not data["call_id"]:
+            _bad("data['call_id']", "a call id (a non-empty str)", data["call_id"])
+        _optional(data, "name", str)
+        _optional(data, "is_error", bool)
+        _optional(data, "unknown", bool)
+    elif kind == COMPACTION:
+        covers = data.get("covers", seq - 1)  # without it: every entry before
+        if not is_int(covers) or not 0 <= covers < seq:
+            _bad("data['covers']", f"the seq of an earlier entry (0 to {seq - 1})", covers)
+        _check_usage(data)
+        _optional(data, "model", str)
+    elif kind == NOTICE:
+        skipped = data.get("skipped")
+        if skipped is not None and not (
+            isinstance(skipped, list)
+            and len(skipped) == 2
+            and all(is_int(n) for n in skipped)
+            and 1 <= skipped[0] <= skipped[1] <= seq
+        ):
+            _bad(
+                "data['skipped']", f"null or [start, end] with 1 <= start <= end <= {seq}", skipped
+            )
+
+
+def _check_block(block: Any, path: str) -> None:
+    if not isinstance(block, dict):
+        _bad(path, "a content block (a dict)", block)
+    kind = block.get("type")
+    if not isinstance(kind, str) or not _BLOCK_TYPE.fullmatch(kind) or kind in _TRANSLATED_BLOCKS:
+        _bad(f"{path}['type']", "a content block type such as 'text' or 'tool_call'", kind)
+    if kind == "text":
+        if not isinstance(block.get("text"), str):
+            _bad(f"{path}['text']", "a str", block.get("text"))
+    elif kind == "tool_call":
+        for key in ("id", "name"):
+            if not isinstance(block.get(key), str) or not block[key]:
+                _bad(f"{path}[{key!r}]", f"the call's {key} (a non-empty str)", block.get(key))
+        if not isinstance(block.get("input"), dict):
+            _bad(f"{path}['input']", "a dict of the call's arguments", block.get("input"))
+
+
+def _check_usage(data: dict[str, Any]) -> None:
+    usage = data.get("usage", {})
+    if not isinstance(usage, dict):
+        _bad("data['usage']", "a dict of token counts", usage)
+    for key, count in usage.items():
+        if not is_int(count):
+            _bad(f"data['usage'][{key!r}]", "a token count (an int)", count)
+
+
+def _optional(data: dict[str, Any], key: str, kind: type) -> None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, kind):
+        _bad(f"data[{key!r}]", f"null or a {kind.__name__}", value)
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an int as JSON has them (``True`` is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def shown(value: Any) -> str:
+    """A stored value as an error message shows it: short, with its type."""
+    if value is None:
+        return "null"
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:39] + "…"
+    return f"{text} ({type(value).__name__})"
+
+
+def _bad(path: str, expected: str, value: Any) -> NoReturn:
+    raise ValueError(f"{path} must be {expected}, not {shown(value)}")
 
 
 # What a State may keep ----------------------------------------------------------------------

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from alpineagents import _saving
 from alpineagents._resume import continue_loaded
 from alpineagents._serialize import SCHEMA_VERSION as SCHEMA_VERSION
+from alpineagents._serialize import DamagedStateError
 from alpineagents._serialize import check_stored as check_stored
 from alpineagents.errors import CorruptStateError, StateNotFoundError, StoreError
 from alpineagents.state import State, validate_id
@@ -233,6 +234,10 @@ class Store:
         try:
             state, covered = _saving.restore(self, state_id, list(record.entries), record.snapshot)
             continue_loaded(state, covered)
+        except DamagedStateError as e:
+            # The rebuild named the entry (or the snapshot) and the field; name the store too.
+            error = CorruptStateError(f"State {state_id!r} in {self!r}, {e.detail}")
+            raise error.with_traceback(e.__traceback__) from None
         except StoreError:
             raise
         except (TypeError, ValueError, KeyError, AttributeError) as e:

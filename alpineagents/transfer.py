@@ -37,12 +37,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
+from alpineagents._serialize import state_from_record
 from alpineagents.errors import (
     CorruptStateError,
     SchemaVersionError,
     StateExistsError,
     StateNotFoundError,
 )
+from alpineagents.history import is_int, shown
 from alpineagents.store import Record, Store
 
 __all__ = [
@@ -374,9 +376,14 @@ def parse_export(document: str | bytes | Mapping[str, Any], where: str = "") -> 
 
     ``document`` is the JSON text or the parsed dict; ``where`` names it in errors (a file).
 
+    The State in it gets the checks a load makes (every field alpineagents reads, see
+    ``Store.load``), so a damaged export is refused before anything is written.
+
     Raises:
-        CorruptStateError: It is not JSON, or not an alpineagents State export.
-        SchemaVersionError: It was exported by a newer alpineagents (a later ``version``).
+        CorruptStateError: It is not JSON, not an alpineagents State export, or the State
+            in it is damaged (the message names the entry or the snapshot, and the field).
+        SchemaVersionError: It was exported by a newer alpineagents (a later ``version``),
+            or holds an object of a newer schema.
     """
     where = where or "the document"
     if isinstance(document, str | bytes):
@@ -401,14 +408,19 @@ def parse_export(document: str | bytes | Mapping[str, Any], where: str = "") -> 
     snapshot = document.get("snapshot")
     if not isinstance(state_id, str):
         raise CorruptStateError(f"{where} has no State id")
-    if (
-        not isinstance(entries, list)
-        or not entries
-        or not all(isinstance(e, dict) and type(e.get("seq")) is int for e in entries)
-    ):
-        raise CorruptStateError(f"{where} has no list of history entries with a seq each")
+    if not isinstance(entries, list) or not entries:
+        raise CorruptStateError(f"{where} has no list of history entries")
+    for i, entry in enumerate(entries):
+        seq = entry.get("seq") if isinstance(entry, dict) else None
+        if not is_int(seq) or seq < 0:
+            raise CorruptStateError(
+                f"State {state_id!r} in {where}, the history entry read at position {i}: "
+                f"seq must be an int >= 0, not {shown(seq)}"
+            )
     if not isinstance(snapshot, dict):
         raise CorruptStateError(f"{where} has no snapshot")
+    # The same checks as a load: what a store is given here must be a State it can load.
+    state_from_record(state_id, entries, snapshot, f"State {state_id!r} in {where}")
     return state_id, Record(entries, snapshot)
 
 

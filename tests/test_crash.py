@@ -256,6 +256,39 @@ def test_killed_between_the_compaction_entry_and_the_snapshot(tmp_path: Path) ->
     assert runs(tmp_path, "note") == ["first"]
 
 
+@pytest.mark.slow
+@pytest.mark.crash
+@pytest.mark.parametrize("mode", MODES)
+def test_killed_mid_compaction_the_pending_message_stays_after_the_next_summary(
+    tmp_path: Path, mode: str
+) -> None:
+    runs_dir = tmp_path / "runs"
+    args = (runs_dir, "pending", tmp_path, mode, "pending")
+    with child("compaction_child.py", *args) as proc:
+        code, _, err = ended(proc)  # the store kills its own process
+    assert code == -signal.SIGKILL, err
+    store = FileStore(runs_dir)
+    assert stored_kinds(store, "pending") == ["task", "model", "user", "compaction"]
+    pending = store.load("pending").history[2]
+    assert pending.text == "PENDING: what did the note say?"
+
+    resumed = run_child("compaction_child.py", *args, "--resume")
+
+    assert answer_of(resumed) == "ANSWER-resumed"
+    compaction, step = logged_requests(tmp_path, "resumed")
+    assert [compaction["purpose"], step["purpose"]] == ["compaction", "step"]
+    # As without a kill: the summary, then the person's message, unanswered so far (the
+    # notice about the compaction that was not saved in full follows it).
+    blocks = [b["text"] for m in step["messages"] for b in m["content"]]
+    assert blocks[0].endswith("SUMMARY-resumed")
+    assert blocks[1] == pending.text
+    assert blocks[2:] == [store.load("pending").history[4].text]
+    state = store.load("pending")
+    assert kinds(state) == ["task", "model", "user", "compaction", "notice", "compaction", "model"]
+    assert state.history[5].as_compaction().covers == 1  # the reply, not the message
+    assert (state.stopped_by, state.answer) == ("reply", "ANSWER-resumed")
+
+
 def test_the_notice_names_the_calls_saved_after_a_compaction_and_they_get_no_result(
     tmp_path: Path,
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from alpineagents.transfer import (
     move_states,
 )
 from tests.helpers import make_states
+from tests.test_corrupt_load import CASES, ID, Case, case_id, damage, saved_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -267,7 +269,7 @@ async def test_async_export_import(make_store: StoreFactory) -> None:
         (
             '{"format": "alpineagents.state", "version": 1, "id": "x", "entries": [{}]}',
             CorruptStateError,
-            "history entries",
+            r"State 'x' in in\.json, the history entry read at position 0: seq must be an int",
         ),
         (
             '{"format": "alpineagents.state", "version": 1, "id": "x", "entries": [{"seq": 0}]}',
@@ -282,6 +284,49 @@ def test_import_refuses_what_is_not_an_export(
     with pytest.raises(error, match=match):
         import_state(FileStore(tmp_path), document, where="in.json")
     assert not tmp_path.joinpath("x").exists()
+
+
+def damaged_export(case: Case, folder: Path) -> dict[str, Any]:
+    """The export of ``tests.test_corrupt_load.saved_state()`` with one field damaged."""
+    source = FileStore(folder)
+    source.save(saved_state())
+    document = export_state(source, ID)
+    what, path, value, _ = case
+    if what == "snapshot":
+        document["snapshot"] = damage(document["snapshot"], path, value)
+    else:
+        assert isinstance(what, int)
+        document["entries"][what] = damage(document["entries"][what], path, value)
+    return document
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_import_refuses_a_damaged_state_and_writes_nothing(tmp_path: Path, case: Case) -> None:
+    document = damaged_export(case, tmp_path / "source")
+    store = FileStore(tmp_path / "target")
+    with pytest.raises(CorruptStateError) as raised:
+        import_state(store, json.dumps(document), where="backup.json")
+    message = str(raised.value)
+    assert message.startswith(f"State {ID!r} in backup.json, "), message
+    assert re.search(case[3], message), message
+    assert store.read(ID) is None and not store.path.exists()
+
+
+async def test_a_damaged_import_leaves_the_state_it_would_overwrite(
+    make_store: StoreFactory, tmp_path: Path
+) -> None:
+    store = make_store("dst")
+    kept = saved_state()
+    await asyncio.to_thread(store.save, kept)
+    document = damaged_export((3, ("data", "call_id"), 7, ""), tmp_path / "one")
+    with pytest.raises(
+        CorruptStateError, match=r"history entry 3 \(tool_result\): data\['call_id'\]"
+    ):
+        await aimport_state(store, document, on_exists="overwrite")
+    with pytest.raises(CorruptStateError, match="snapshot: created_at must be"):
+        import_state(store, damaged_export(CASES[0], tmp_path / "two"), on_exists="overwrite")
+    assert (await store.aload(ID)).history == kept.history
+    await store.aclose()
 
 
 # Killed halfway ---------------------------------------------------------------------------

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from alpineagents.history import TASK, TOOL_RESULT, USER
+from alpineagents.history import COMPACTION, MODEL, NOTICE, TASK, TOOL_RESULT, USER
 from alpineagents_s3 import S3Store
 from tests.helpers import MakeBucket, Mode, results
+from tests.scripts import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,3 +124,29 @@ def test_processes_creating_one_id_at_once_have_one_winner(
             # The losers left nothing behind.
             assert [o.kind for o in store.objects(state_id)] == ["entry", "snapshot"]
         assert len(store.list()) == rounds
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+def test_killed_mid_compaction_the_pending_message_stays_after_the_next_summary(
+    mode: Mode, bucket: str, moto_url: str, tmp_path: Path
+) -> None:
+    # tests/test_crash.py runs the same child on a FileStore; here s3:// reaches moto
+    # through AWS_ENDPOINT_URL_S3 (the bucket fixture sets it).
+    args = (f"s3://{bucket}/runs", "pending", tmp_path, "run" if mode == "sync" else "arun")
+    with harness.child("compaction_child.py", *args, "pending") as proc:
+        code, _, err = harness.ended(proc)  # the store kills its own process
+    assert code == -signal.SIGKILL, err
+
+    resumed = harness.run_child("compaction_child.py", *args, "pending", "--resume")
+
+    assert harness.answer_of(resumed) == "ANSWER-resumed"
+    step = harness.logged_requests(tmp_path, "resumed")[-1]
+    blocks = [b["text"] for m in step["messages"] for b in m["content"]]
+    assert blocks[0].endswith("SUMMARY-resumed")
+    assert blocks[1] == "PENDING: what did the note say?"
+    with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
+        state = store.load("pending")
+    kinds = [e.kind for e in state.history]
+    assert kinds == [TASK, MODEL, USER, COMPACTION, NOTICE, COMPACTION, MODEL]
+    assert state.history[5].as_compaction().covers == 1
