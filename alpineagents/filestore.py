@@ -231,7 +231,9 @@ class FileStore(Store):
                 state_id,
                 f"{folder / ENTRIES} ends at entry {count - 1}; this save starts at {first}",
             )
-        # Entries on disk from `start` on are another writer's unless this save sends the same.
+        # An entry on disk that this save sends again must be the same (a retried save, or
+        # saves of one turn finishing out of order); one from `known` on that it does not
+        # send was saved by another writer.
         start = min(first, known)
         if start >= count:
             return
@@ -239,8 +241,11 @@ class FileStore(Store):
         lines = _last_lines(fd, valid, count - start)
         for seq, line in enumerate(lines, start):
             entry = sent.get(seq)
-            if entry is None or not _same_entry(line, entry, f"entry {seq} of {folder / ENTRIES}"):
-                raise self._refused(state_id, f"entry {seq} in {folder / ENTRIES} is another's")
+            where = f"entry {seq} of {folder / ENTRIES}"
+            if entry is None and seq < known:
+                continue  # saved by this store object, from this copy or an older one
+            if entry is None or not _same_entry(line, entry, where):
+                raise self._refused(state_id, f"{where} was saved by another writer")
 
     def _refused(self, state_id: str, what: str) -> ConcurrentWriteError:
         return ConcurrentWriteError(
@@ -472,6 +477,15 @@ class FileStore(Store):
 
     def _abandoned(self, folder: Path, remove: Callable[[], object]) -> bool:
         """Call ``remove()`` while holding the free lock of ``folder``; whether it ran."""
+        if sys.platform == "win32":  # no folder locks: by age alone
+            try:
+                age = time.time() - os.stat(folder).st_mtime
+            except FileNotFoundError:
+                return False
+            if age < UNLOCKED_LEFTOVER_AGE:
+                return False
+            remove()
+            return True
         try:
             fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         except (FileNotFoundError, NotADirectoryError):

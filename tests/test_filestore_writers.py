@@ -204,7 +204,7 @@ def test_one_store_object_recognises_its_own_retried_save(
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(filestore_module.os, "replace", full_disk)
+        patch.setattr(os, "replace", full_disk)
         with pytest.raises(OSError, match="No space"):
             store.save(state)
     assert store.save(state) is True
@@ -344,3 +344,16 @@ def test_without_locks_only_old_leftovers_are_swept(tmp_path: Path) -> None:
     os.utime(old, (past, past))
     assert store.sweep() == [old]
     assert young.exists() and not old.exists()
+
+
+def test_saves_of_one_turn_finishing_out_of_order_are_not_refused(saved: Path) -> None:
+    # Two tool results of one turn, saved alone: the later save (both entries) lands first.
+    store = FileStore(saved)
+    record = store.read("s")
+    assert record is not None
+    n = len(record.entries)
+    first = {**record.entries[0], "seq": n, "text": "result one"}
+    second = {**record.entries[0], "seq": n + 1, "text": "result two"}
+    store.write("s", [first, second], None)
+    store.write("s", [first], None)
+    assert [e.text for e in store.load("s").history][n:] == ["result one", "result two"]
