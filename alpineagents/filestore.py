@@ -208,7 +208,7 @@ class FileStore(Store):
         entries: Sequence[dict[str, Any]],
     ) -> None:
         """Refuse a write whose view of the State is not what is on disk."""
-        first = int(entries[0]["seq"]) if entries else None
+        first = min(int(e["seq"]) for e in entries) if entries else None
         if seen is None:
             # Met first in a write: the copy saving has every entry below its first unsaved one.
             known = count if first is None else first
@@ -326,7 +326,6 @@ class FileStore(Store):
                 )
             expected += 1
         data = b"".join(dumps(e) + b"\n" for e in new)
-        os.ftruncate(fd, valid)
         os.lseek(fd, valid, os.SEEK_SET)
         view = memoryview(data)
         while view:
@@ -531,6 +530,9 @@ class FileStore(Store):
                     raw = (folder / ENTRIES).read_bytes()
                 except FileNotFoundError:
                     raise CorruptStateError(f"{folder} has no {ENTRIES}") from None
+                # Recorded while locked: a save of this store object in another thread that
+                # waits for the lock records its newer view after this one, never before.
+                self._seen[state_id] = _Seen(here, raw.count(b"\n"), _digest(snapshot_raw))
         except StateNotFoundError:
             return None
         lines = raw.split(b"\n")
@@ -540,7 +542,6 @@ class FileStore(Store):
             for number, line in enumerate(lines[:-1], 1)
         ]
         snapshot = loads(snapshot_raw, str(folder / SNAPSHOT))
-        self._seen[state_id] = _Seen(here, len(entries), _digest(snapshot_raw))
         return Record(entries, snapshot)
 
     def list(self) -> list[SavedState]:
