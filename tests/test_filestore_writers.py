@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import stat
 import subprocess
 import sys
@@ -357,3 +358,22 @@ def test_saves_of_one_turn_finishing_out_of_order_are_not_refused(saved: Path) -
     store.write("s", [first, second], None)
     store.write("s", [first], None)
     assert [e.text for e in store.load("s").history][n:] == ["result one", "result two"]
+
+
+@pytest.mark.crash
+def test_random_kills_of_a_churning_writer_leave_nothing_a_sweep_does_not_remove(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(9)
+    store = FileStore(tmp_path)
+    for _ in range(20):
+        with child(WRITER, "churn", tmp_path) as proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0, 0.2))
+            sigkill(proc)
+        store.sweep()
+        assert _leftovers(tmp_path) == []
+        for saved in store.list():  # every State left is whole
+            assert store.load(saved.id).task.startswith("churned")
+    assert len(store.list()) > 20

@@ -10,6 +10,9 @@ Three ways to run it (``python fs_writer.py WAY ...``):
 ``repl ROOT``
     Reads one JSON command a line (``load``, ``say``, ``data``, ``save``) and answers each with
     one JSON line, ``{"ok": ...}`` or ``{"error": <class name>, "message": ...}``.
+``churn ROOT``
+    Creates, saves and deletes States in a loop until it is killed; prints ``ready`` after the
+    first round.
 ``pause ROOT ID create|delete|snapshot``
     Starts a create, a delete or a save of the State and stops for good at the moment the
     store renames its new folder, removes a deleted one or replaces the snapshot, after
@@ -94,6 +97,22 @@ def repl(root: str) -> None:
             print(json.dumps({"ok": answer}), flush=True)
 
 
+def churn(root: str) -> None:
+    store = FileStore(root)
+    n = 0
+    while True:
+        state = State(f"churned {n}", id=f"c{os.getpid()}-{n}")
+        store.save(state)
+        state.add_user_message("x" * (n % 7 * 1000))
+        state.data["n"] = n
+        store.save(state)
+        if n % 2 == 0:
+            store.delete(state.id)
+        if n == 0:
+            print("ready", flush=True)
+        n += 1
+
+
 def _stop_here(*args: object, **kwargs: object) -> None:
     print("paused", flush=True)
     while True:
@@ -103,7 +122,7 @@ def _stop_here(*args: object, **kwargs: object) -> None:
 def pause(root: str, state_id: str, where: str) -> None:
     store = FileStore(root)
     if where == "create":
-        os.rename = _stop_here  # type: ignore[assignment]
+        os.rename = _stop_here
         store.save(State("never renamed into place", id=state_id))
     elif where == "delete":
         shutil.rmtree = _stop_here  # type: ignore[assignment]
@@ -123,6 +142,8 @@ def main(argv: list[str]) -> None:
         stress(root, state_id, name, int(count), mode, float(start))
     elif way == "repl":
         repl(rest[0])
+    elif way == "churn":
+        churn(rest[0])
     elif way == "pause":
         pause(*rest)
     else:
