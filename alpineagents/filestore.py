@@ -67,7 +67,7 @@ _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _CHUNK = 64 * 1024
 # Without a lock to ask (no fcntl, or a file system that refuses flock), a leftover is taken
-# for abandoned only when it has not changed for this long.
+# for abandoned only when its folder has not changed for this many seconds.
 UNLOCKED_LEFTOVER_AGE = 3600.0
 _LEFTOVER_SUFFIXES = (".new", ".deleted")
 
