@@ -8,24 +8,44 @@ Layout under the store's path::
 A process killed while appending can leave a torn last line; it has no newline, is dropped
 when read and cut off before the next append. A new State is written in a hidden folder and
 renamed into place, so creating it is all or nothing and exclusive between processes.
-Files are ``0600`` and folders ``0700`` whatever the umask: history holds tool results and
-messages.
+Files are ``0600`` and folders ``0700`` whatever the umask (the folders it makes above the
+store's path too): history holds tool results and messages.
+
+Two writers. Every write holds an advisory lock (``flock``) on the State's folder itself, and
+reads hold it shared, so a write sees the folder as no other write leaves it halfway. Before
+it writes a byte, a write compares what is on disk with what this store object last wrote or
+read of the State (its :class:`_Seen`): the folder, the number of entries and a digest of the
+snapshot. Anything another writer changed since refuses the write with
+``ConcurrentWriteError``; entries the save sends again are compared, not skipped blindly.
+Where ``fcntl`` is missing (Windows) writes are not locked: the check still refuses a stale
+writer, but two writes racing at the same instant are not told apart.
+
+Leftovers. A killed create leaves ``.<id>.<hex>.new``, a killed delete ``.<id>.<hex>.deleted``
+(with the deleted State in it) and a killed snapshot write ``<id>/.snapshot.json.<hex>.tmp``.
+Each is written while its writer holds the lock of the folder it is in, so
+:meth:`FileStore.sweep` removes one only when that lock is free: its writer is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import shutil
+import sys
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from alpineagents._serialize import dumps, loads
 from alpineagents.errors import (
+    ConcurrentWriteError,
     CorruptStateError,
     SchemaVersionError,
     StateExistsError,
@@ -33,6 +53,9 @@ from alpineagents.errors import (
 )
 from alpineagents.state import validate_id
 from alpineagents.store import Record, SavedState, Store
+
+if sys.platform != "win32":
+    import fcntl
 
 __all__ = ["FileStore"]
 
@@ -43,13 +66,51 @@ SNAPSHOT = "snapshot.json"
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _CHUNK = 64 * 1024
+# Without a lock to ask (no fcntl, or a file system that refuses flock), a leftover is taken
+# for abandoned only when its folder has not changed for this many seconds.
+UNLOCKED_LEFTOVER_AGE = 3600.0
+_LEFTOVER_SUFFIXES = (".new", ".deleted")
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What one FileStore object last wrote or read of one State.
+
+    Attributes:
+        folder: ``(st_dev, st_ino)`` of the State's folder: a State deleted and created again
+            is another folder.
+        count: How many entries the folder held (seqs ``0`` to ``count - 1``).
+        snapshot: The digest of ``snapshot.json``.
+        tried: Digests of snapshots this object began to write without seeing the write end:
+            finding one of them on disk means the write landed, not that another writer saved.
+    """
+
+    folder: tuple[int, int]
+    count: int
+    snapshot: bytes
+    tried: frozenset[bytes] = frozenset()
 
 
 class FileStore(Store):
     """Keeps each State in a folder of its own under ``path``.
 
+    One process at a time should run a given State; a second process that saves it anyway is
+    refused with ``ConcurrentWriteError`` instead of losing or overwriting what the first one
+    saved. Detection is per store object, as in S3Store: a store object keeps, per State, the
+    version its saves may replace (the one it last wrote, or read at a ``load``); two
+    FileStores on one folder share States, not versions. A store object that meets a State
+    first in a write starts from what is on disk then. Limits: where ``fcntl`` is missing
+    (Windows) writes are not locked, so two saves at the same instant can still both land; and
+    two copies of one State held by one store object are not told apart, except by the history
+    entries they save.
+
+    Leftovers of killed processes (a half-created State, a half-deleted one, a half-written
+    snapshot) are removed by :meth:`sweep`, never while their writer is alive. The store calls
+    it for its top folder by itself, once per store object at its first write and after every
+    ``delete``.
+
     Args:
-        path: The store's folder; made (``0700``) at the first write if missing.
+        path: The store's folder; made (``0700``, with any missing parents) at the first write.
         fsync: Also flush every write to disk, so a power cut loses nothing either. A killed
             process loses nothing saved without it.
     """
@@ -58,6 +119,9 @@ class FileStore(Store):
         self.path = Path(path)
         self.fsync = fsync
         self._real = os.path.realpath(self.path)
+        self._seen: dict[str, _Seen] = {}
+        self._swept = False
+        self._unlockable = False
 
     def __repr__(self) -> str:
         return f"FileStore({str(self.path)!r})"
@@ -78,19 +142,116 @@ class FileStore(Store):
         *,
         create: bool = False,
     ) -> None:
-        """Append the entries the folder lacks, then replace the snapshot (unless ``None``)."""
+        """Append the entries the folder lacks, then replace the snapshot (unless ``None``).
+
+        Raises ``ConcurrentWriteError`` (nothing written) when another writer changed the State
+        since this store object last wrote or read it.
+        """
         folder = self._folder(state_id)
+        if not self._swept:
+            self._swept = True
+            self._sweep_top(quiet=True)
         if create:
             self._create(state_id, folder, entries, snapshot)
             return
-        if not folder.is_dir():
-            raise StateNotFoundError(f"no saved State with id {state_id!r} in {self!r}")
-        if entries:
-            self._append(folder / ENTRIES, entries)
-        if snapshot is not None:
-            self._replace(folder / SNAPSHOT, dumps(snapshot))
+        with self._locked(folder, state_id, exclusive=True) as here:
+            self._update(state_id, folder, here, entries, snapshot)
         logger.debug(
             "saved %d entries of %s (snapshot: %s)", len(entries), state_id, bool(snapshot)
+        )
+
+    def _update(
+        self,
+        state_id: str,
+        folder: Path,
+        here: tuple[int, int],
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+    ) -> None:
+        """The write of a State that exists, with the folder locked."""
+        path = folder / ENTRIES
+        try:
+            current = _digest((folder / SNAPSHOT).read_bytes())
+        except FileNotFoundError:
+            raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
+        body = None if snapshot is None else dumps(snapshot)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        try:
+            os.fchmod(fd, _FILE_MODE)
+            last, valid = _last_seq(fd, path)
+            seen = self._seen.get(state_id)
+            self._check(state_id, folder, seen, here, current, fd, last + 1, valid, entries)
+            if valid != os.fstat(fd).st_size:
+                logger.warning("dropping a torn last entry of %s", path)
+                os.ftruncate(fd, valid)
+            count = self._append_new(fd, path, last, valid, entries)
+        finally:
+            os.close(fd)
+        tried = seen.tried if seen is not None else frozenset()
+        self._seen[state_id] = _Seen(here, count, current, tried)
+        if body is not None:
+            new = _digest(body)
+            self._seen[state_id] = _Seen(here, count, current, tried | {new})
+            self._replace(folder / SNAPSHOT, body)
+            self._seen[state_id] = _Seen(here, count, new)
+
+    def _check(
+        self,
+        state_id: str,
+        folder: Path,
+        seen: _Seen | None,
+        here: tuple[int, int],
+        current: bytes,
+        fd: int,
+        count: int,
+        valid: int,
+        entries: Sequence[dict[str, Any]],
+    ) -> None:
+        """Refuse a write whose view of the State is not what is on disk."""
+        first = min(int(e["seq"]) for e in entries) if entries else None
+        if seen is None:
+            # Met first in a write: the copy saving has every entry below its first unsaved one.
+            known = count if first is None else first
+        else:
+            known = seen.count
+            if seen.folder != here:
+                raise self._refused(state_id, "it was deleted and created again")
+            if current != seen.snapshot and current not in seen.tried:
+                raise self._refused(state_id, f"{folder / SNAPSHOT} was replaced")
+        if count < known:
+            raise self._refused(
+                state_id, f"{folder / ENTRIES} holds {count} entries, not {known} or more"
+            )
+        if first is None:
+            if count > known:
+                raise self._refused(state_id, f"entries {known}-{count - 1} were added")
+            return
+        if first > count:
+            raise self._refused(
+                state_id,
+                f"{folder / ENTRIES} ends at entry {count - 1}; this save starts at {first}",
+            )
+        # An entry on disk that this save sends again must be the same (a retried save, or
+        # saves of one turn finishing out of order); one from `known` on that it does not
+        # send was saved by another writer.
+        start = min(first, known)
+        if start >= count:
+            return
+        sent = {int(e["seq"]): e for e in entries}
+        lines = _last_lines(fd, valid, count - start)
+        for seq, line in enumerate(lines, start):
+            entry = sent.get(seq)
+            where = f"entry {seq} of {folder / ENTRIES}"
+            if entry is None and seq < known:
+                continue  # saved by this store object, from this copy or an older one
+            if entry is None or not _same_entry(line, entry, where):
+                raise self._refused(state_id, f"{where} was saved by another writer")
+
+    def _refused(self, state_id: str, what: str) -> ConcurrentWriteError:
+        return ConcurrentWriteError(
+            f"State {state_id!r} in {self!r} was saved by another writer since this store "
+            f"object last saved or loaded it ({what}); nothing was written. Load it again with "
+            f"store.load({state_id!r}) and continue from what is saved"
         )
 
     def _create(
@@ -105,24 +266,33 @@ class FileStore(Store):
         if folder.exists():
             raise self._taken(state_id)
         self._make_root()
-        staging = self.path / f".{state_id}.{uuid.uuid4().hex[:12]}.new"
-        os.mkdir(staging, _DIR_MODE)
-        try:
-            os.chmod(staging, _DIR_MODE)
-            self._append(staging / ENTRIES, entries)
-            self._replace(staging / SNAPSHOT, dumps(snapshot))
-            try:
-                # Atomic, and fails if another process renamed its folder there first.
-                os.rename(staging, folder)
-            except OSError as e:
-                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise self._taken(state_id) from e
-                raise
-            if self.fsync:
-                _fsync_dir(self.path)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        body = dumps(snapshot)
+        while True:
+            staging = self.path / f".{state_id}.{uuid.uuid4().hex[:12]}.new"
+            os.mkdir(staging, _DIR_MODE)
+            with contextlib.ExitStack() as stack:
+                try:
+                    here = stack.enter_context(self._locked(staging, state_id, exclusive=True))
+                except StateNotFoundError:
+                    continue  # swept between its mkdir and its lock: nothing was written to it
+                try:
+                    os.chmod(staging, _DIR_MODE)
+                    count = self._append(staging / ENTRIES, entries)
+                    self._replace(staging / SNAPSHOT, body)
+                    try:
+                        # Atomic, and fails if another process renamed its folder there first.
+                        os.rename(staging, folder)
+                    except OSError as e:
+                        if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                            raise self._taken(state_id) from e
+                        raise
+                    if self.fsync:
+                        _fsync_dir(self.path)
+                except BaseException:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raise
+                self._seen[state_id] = _Seen(here, count, _digest(body))
+                break
         logger.debug("created %s with %d entries", state_id, len(entries))
 
     def _taken(self, state_id: str) -> StateExistsError:
@@ -131,33 +301,38 @@ class FileStore(Store):
             f"store.load({state_id!r}), or pick another id"
         )
 
-    def _append(self, path: Path, entries: Sequence[dict[str, Any]]) -> None:
+    def _append(self, path: Path, entries: Sequence[dict[str, Any]]) -> int:
+        """Append to a file no one else writes; the number of entries it then holds."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
         try:
             os.fchmod(fd, _FILE_MODE)
             last, valid = _last_seq(fd, path)
-            if valid != os.fstat(fd).st_size:
-                logger.warning("dropping a torn last entry of %s", path)
-                os.ftruncate(fd, valid)
-            new = [e for e in entries if e["seq"] > last]
-            if not new:
-                return
-            expected = last + 1
-            for entry in new:
-                if entry["seq"] != expected:
-                    raise ValueError(
-                        f"cannot append entry {entry['seq']} to {path}: the next seq is {expected}"
-                    )
-                expected += 1
-            data = b"".join(dumps(e) + b"\n" for e in new)
-            os.lseek(fd, valid, os.SEEK_SET)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self.fsync:
-                os.fsync(fd)
+            return self._append_new(fd, path, last, valid, entries)
         finally:
             os.close(fd)
+
+    def _append_new(
+        self, fd: int, path: Path, last: int, valid: int, entries: Sequence[dict[str, Any]]
+    ) -> int:
+        """Write the entries after seq ``last`` at offset ``valid``; the count after."""
+        new = [e for e in entries if e["seq"] > last]
+        if not new:
+            return last + 1
+        expected = last + 1
+        for entry in new:
+            if entry["seq"] != expected:
+                raise ValueError(
+                    f"cannot append entry {entry['seq']} to {path}: the next seq is {expected}"
+                )
+            expected += 1
+        data = b"".join(dumps(e) + b"\n" for e in new)
+        os.lseek(fd, valid, os.SEEK_SET)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if self.fsync:
+            os.fsync(fd)
+        return expected
 
     def _replace(self, path: Path, data: bytes) -> None:
         temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
@@ -180,25 +355,186 @@ class FileStore(Store):
             _fsync_dir(path.parent)
 
     def _make_root(self) -> None:
-        if not self.path.is_dir():
-            os.makedirs(self.path, _DIR_MODE, exist_ok=True)
-            os.chmod(self.path, _DIR_MODE)
+        if self.path.is_dir():
+            return
+        missing = []
+        folder = self.path.absolute()
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder, _DIR_MODE)
+            except FileExistsError:
+                continue  # made by another process meanwhile: not ours to change
+            os.chmod(folder, _DIR_MODE)  # the umask may have taken bits off, never added
+
+    # Locking ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self, folder: Path, state_id: str, *, exclusive: bool) -> Iterator[tuple[int, int]]:
+        """Hold the lock of a State's folder; yield the folder's ``(st_dev, st_ino)``.
+
+        ``StateNotFoundError`` if there is no such folder, or it was deleted while this
+        waited for the lock.
+        """
+        while True:
+            try:
+                fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            except (FileNotFoundError, NotADirectoryError):
+                raise StateNotFoundError(
+                    f"no saved State with id {state_id!r} in {self!r}"
+                ) from None
+            except PermissionError:
+                if sys.platform != "win32":
+                    raise
+                fd = -1  # Windows opens no folders: no lock, the folder's identity by path
+            try:
+                if fd >= 0:
+                    self._lock(fd, folder, exclusive=exclusive, wait=True)
+                try:
+                    now = os.stat(folder)
+                except (FileNotFoundError, NotADirectoryError):
+                    raise StateNotFoundError(
+                        f"no saved State with id {state_id!r} in {self!r}: it was deleted"
+                    ) from None
+                held = os.fstat(fd) if fd >= 0 else now
+                if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+                    continue  # deleted and created again while this waited: lock the new one
+                yield (held.st_dev, held.st_ino)
+                return
+            finally:
+                if fd >= 0:
+                    os.close(fd)  # releases the lock
+
+    def _lock(self, fd: int, where: Path, *, exclusive: bool, wait: bool) -> bool | None:
+        """Lock ``fd`` with flock: True, False when busy (``wait=False``), or None.
+
+        None: the platform or the file system has no such lock (a warning says so, once).
+        """
+        if sys.platform == "win32" or self._unlockable:
+            return None
+        how = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        try:
+            fcntl.flock(fd, how if wait else how | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EBADF, errno.EINVAL):
+                raise
+            self._unlockable = True
+            logger.warning(
+                "%s: the file system refuses flock (%s); writes of this store are not locked "
+                "against other processes",
+                where,
+                e,
+            )
+            return None
+        return True
+
+    # Leftovers -------------------------------------------------------------------------
+
+    def sweep(self) -> list[Path]:
+        """Remove what killed processes left behind; the paths removed.
+
+        That is: the hidden ``.<id>.<hex>.new`` folders of creates and ``.<id>.<hex>.deleted``
+        folders of deletes (which hold whole deleted States), and ``.snapshot.json.<hex>.tmp``
+        files in State folders. A leftover is removed only when the lock its writer held is
+        free, so never while that writer is alive; without locks (Windows, a file system that
+        refuses ``flock``) only when unchanged for ``UNLOCKED_LEFTOVER_AGE`` seconds. The store
+        runs the first part (the hidden folders) by itself, once per store object at its first
+        write and after every ``delete``; call this for the rest, for example from a cron job.
+        """
+        removed = self._sweep_top(quiet=False)
+        for name in self._names():
+            if name.startswith("."):
+                continue
+            folder = self.path / name
+            try:
+                temps = [n for n in os.listdir(folder) if n.startswith(".") and n.endswith(".tmp")]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if temps and self._abandoned(folder, partial(_remove_files, folder, temps)):
+                removed += [folder / n for n in temps]
+        return removed
+
+    def _sweep_top(self, *, quiet: bool) -> list[Path]:
+        """Remove the abandoned ``.new`` and ``.deleted`` folders under the store's path."""
+        removed = []
+        try:
+            for name in self._names():
+                if name.startswith(".") and name.endswith(_LEFTOVER_SUFFIXES):
+                    path = self.path / name
+                    if self._abandoned(path, partial(shutil.rmtree, path)):
+                        logger.info("removed %s, left by a killed process", path)
+                        removed.append(path)
+        except OSError as e:
+            if not quiet:
+                raise
+            logger.warning("could not sweep %s: %s", self.path, e)
+        return removed
+
+    def _abandoned(self, folder: Path, remove: Callable[[], object]) -> bool:
+        """Call ``remove()`` while holding the free lock of ``folder``; whether it ran."""
+        if sys.platform == "win32":  # no folder locks: by age alone
+            try:
+                age = time.time() - os.stat(folder).st_mtime
+            except FileNotFoundError:
+                return False
+            if age < UNLOCKED_LEFTOVER_AGE:
+                return False
+            remove()
+            return True
+        try:
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            locked = self._lock(fd, folder, exclusive=True, wait=False)
+            if locked is False:
+                return False  # its writer is alive
+            if locked is None and time.time() - os.fstat(fd).st_mtime < UNLOCKED_LEFTOVER_AGE:
+                return False
+            try:
+                now, held = os.stat(folder), os.fstat(fd)
+            except FileNotFoundError:
+                return False  # removed by its writer meanwhile
+            if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+                return False
+            remove()
+            return True
+        finally:
+            os.close(fd)
+
+    def _names(self) -> list[str]:
+        try:
+            return os.listdir(self.path)
+        except FileNotFoundError:
+            return []
 
     # Reading ---------------------------------------------------------------------------
 
     def read(self, state_id: str) -> Record | None:
-        """Everything saved of one State, or ``None``."""
+        """Everything saved of one State, or ``None``.
+
+        Makes what it read the version this store object's next save of the State may replace.
+        """
         folder = self._folder(state_id)
         try:
-            snapshot_raw = (folder / SNAPSHOT).read_bytes()
-        except FileNotFoundError:
-            if folder.exists():
-                raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
+            with self._locked(folder, state_id, exclusive=False) as here:
+                try:
+                    snapshot_raw = (folder / SNAPSHOT).read_bytes()
+                except FileNotFoundError:
+                    raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
+                try:
+                    raw = (folder / ENTRIES).read_bytes()
+                except FileNotFoundError:
+                    raise CorruptStateError(f"{folder} has no {ENTRIES}") from None
+                # Recorded while locked: a save of this store object in another thread that
+                # waits for the lock records its newer view after this one, never before.
+                self._seen[state_id] = _Seen(here, raw.count(b"\n"), _digest(snapshot_raw))
+        except StateNotFoundError:
             return None
-        try:
-            raw = (folder / ENTRIES).read_bytes()
-        except FileNotFoundError:
-            raise CorruptStateError(f"{folder} has no {ENTRIES}") from None
         lines = raw.split(b"\n")
         # The part after the last newline is a torn append (or empty): never valid.
         entries = [
@@ -215,12 +551,8 @@ class FileStore(Store):
         or of a newer schema is left out with a warning on this module's logger (its ``load``
         raises the error).
         """
-        try:
-            names = os.listdir(self.path)
-        except FileNotFoundError:
-            return []
         saved = []
-        for name in names:
+        for name in self._names():
             if name.startswith("."):  # a State being created, or being deleted
                 continue
             try:
@@ -241,17 +573,37 @@ class FileStore(Store):
         return saved
 
     def delete(self, state_id: str) -> None:
-        """Remove a State's folder; ``KeyError`` if there is none."""
+        """Remove a State's folder; ``KeyError`` if there is none.
+
+        Waits for a write of the State in progress; a later save of it raises ``KeyError``
+        (``StateNotFoundError``). Then sweeps the leftovers of killed creates and deletes.
+        """
         folder = self._folder(state_id)
         trash = self.path / f".{state_id}.{uuid.uuid4().hex[:12]}.deleted"
-        try:
+        with self._locked(folder, state_id, exclusive=True):
             os.rename(folder, trash)  # atomic: the State is gone at once, whole
-        except FileNotFoundError:
-            raise StateNotFoundError(f"no saved State with id {state_id!r} in {self!r}") from None
-        shutil.rmtree(trash)
+            self._seen.pop(state_id, None)
+            shutil.rmtree(trash)  # still locked: a sweep leaves it to this process
+        self._sweep_top(quiet=True)
 
     def _folder(self, state_id: str) -> Path:
         return self.path / validate_id(state_id)
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _same_entry(line: bytes, entry: dict[str, Any], where: str) -> bool:
+    """Whether a stored line holds ``entry`` (the same bytes, or the same JSON)."""
+    sent = dumps(entry)
+    return line == sent or bool(loads(line, where) == loads(sent, where))
+
+
+def _remove_files(folder: Path, names: Sequence[str]) -> None:
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(folder / name)
 
 
 def _last_seq(fd: int, path: Path) -> tuple[int, int]:
@@ -266,6 +618,18 @@ def _last_seq(fd: int, path: Path) -> tuple[int, int]:
     if not isinstance(entry, dict) or not isinstance(entry.get("seq"), int):
         raise CorruptStateError(f"the last entry of {path} has no seq")
     return entry["seq"], end + 1
+
+
+def _last_lines(fd: int, end: int, count: int) -> list[bytes]:
+    """The last ``count`` complete lines before offset ``end`` (which follows a newline)."""
+    lines: list[bytes] = []
+    position = end - 1  # the newline that ends the last line
+    while len(lines) < count and position >= 0:
+        start = _rfind_newline(fd, position) + 1
+        lines.append(os.pread(fd, position - start, start))
+        position = start - 1
+    lines.reverse()
+    return lines
 
 
 def _rfind_newline(fd: int, before: int) -> int:
