@@ -141,7 +141,8 @@ def test_shared_bucket_refused_writer_reloads_and_continues(
             a.kill()
             a.wait()
     assert a.returncode == 0, f"{out}\n{err}"
-    lines = out.splitlines()
+    # The prompt "> " of input() may come first on a line of output.
+    lines = [line.removeprefix("> ") for line in out.splitlines()]
     # A's save is refused instead of overwriting B's turn; A reloads and runs again.
     assert any(line.startswith("refused (ConcurrentWriteError): ") for line in lines), out
     assert "reloaded notes: 4 entries" in lines, out
