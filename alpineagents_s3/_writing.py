@@ -424,14 +424,16 @@ def _replace_snapshot(
         put = layout.snapshot_put(
             state_id, body, version.generation, token, version.count, claim, IfMatch=version.etag
         )
+        # Its token is ours before it is sent: if the save is cut short while S3 applies it (a
+        # SystemExit from SIGTERM, a cancellation), the next save recognises it.
+        ledger.versions[state_id] = replace(version, unsure=version.unsure | {token})
         (outcome,) = yield from layout.send([put])
         if not isinstance(outcome, Exception):
             ledger.versions[state_id] = replace(version, etag=outcome["ETag"], unsure=frozenset())
             return
         code = error_code(outcome)
         if code not in NOT_FOUND_CODES and code not in PRECONDITION_CODES:
-            # It may have been applied: remember its token.
-            ledger.versions[state_id] = replace(version, unsure=version.unsure | {token})
+            # It may have been applied: its token stays among the unsure ones.
             layout.fail(outcome, key, "PutObject", f"If-Match: {version.etag}")
         current = None
         if code in PRECONDITION_CODES:

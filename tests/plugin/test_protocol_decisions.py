@@ -419,6 +419,21 @@ def test_an_update_whose_retry_got_412_lands_in_the_same_save(bucket: FakeBucket
     assert json.loads(bucket.objects[snapshot_key("s")].body) == snapshot(2)
 
 
+def test_a_save_cut_short_while_its_snapshot_put_was_applied_is_recognised(
+    bucket: FakeBucket,
+) -> None:
+    """SIGTERM's SystemExit (or a cancellation) unwinds the save while S3 applies its PUT."""
+    writer = Writer(bucket)
+    writer.write("s", entries(0, 1), snapshot(1), create=True)
+    steps = write(writer.layout, writer.ledger, "s", entries(1, 2), snapshot(2), False)
+    batch = until_snapshot_put(steps, bucket)
+    for call in batch.calls:
+        bucket.answer(call)  # applied...
+    steps.close()  # ...and the save never learns of it
+    writer.write("s", entries(1, 3), snapshot(3))  # the next save of the same copy
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1", "m2"]
+
+
 def test_an_entry_put_applied_but_unanswered_is_skipped_on_the_next_save(
     bucket: FakeBucket,
 ) -> None:

@@ -145,3 +145,26 @@ async def test_async_clients_get_the_same_configuration(mode: Mode, stores: Stor
     assert config.retries == {"mode": "standard", "total_max_attempts": 5}
     assert config.max_pool_connections == 32
     assert seen.urls[0].startswith(f"{stores.url}/{stores.bucket}")
+
+
+def test_a_save_cut_short_by_system_exit_after_s3_applied_it_is_recognised(
+    stores: Stores,
+) -> None:
+    """SIGTERM turned into SystemExit (the guide's handler) while a snapshot PUT's answer is
+    on its way: the Agent's save on the way out, or the next one, must not take the applied
+    PUT for a second writer (found by reliability/kill_soak.py)."""
+    armed: list[int] = []
+
+    def exit_after_the_put(**kwargs: Any) -> None:
+        if armed and armed.pop():
+            raise SystemExit(143)
+
+    store = stores.new(event_hooks={"after-call.s3.PutObject": exit_after_the_put})
+    state = State("task", id="cut-short")
+    store.save(state)
+    state.add_user_message("hello")
+    armed.extend([1, 0])  # the entry's PUT returns; the snapshot's answer is cut short
+    with pytest.raises(SystemExit):
+        store.save(state)
+    assert store.save(state) is True  # no ConcurrentWriteError
+    assert [e.text for e in stores.new().load("cut-short").history] == ["task", "hello"]
