@@ -1,0 +1,965 @@
+"""Kill soak: an Agent run in a real child process, killed again and again, resumed each time.
+
+    python reliability/kill_soak.py [--kills 100] [--seconds 600] [--seed 1]
+                                    [--store file|s3|both] [--signals kill,term]
+                                    [--endpoint URL]
+
+Each State is run by a child process that this process forks (it has imported everything
+already, so a child starts in milliseconds; the child opens its own store, and its own boto3
+client, after the fork). The child is killed with SIGKILL or SIGTERM at a random moment or
+at a chosen step; the next child loads the State and runs it again, and so on until a run
+finishes; then a new State starts. The model is a ``FunctionModel`` that works through a few
+steps, calling the tool ``work`` once or several times at once per step (parallel calls), and
+the Agent compacts its context now and then (a small ``compact_at``).
+
+Kill moments, one per child:
+
+* ``timer``: the parent sleeps a random time, then signals the child;
+* ``write``: the child signals itself just before or just after its k-th store write
+  (``Store.write``), so the kill lands between two saves;
+* ``io``: the child signals itself before its k-th low-level write: an S3 request sent or
+  answered, or for FileStore an ``os.write``/``os.replace``/``os.rename``/``os.mkdir``. With
+  SIGKILL on FileStore, a third of these write half the bytes first (a torn write);
+* ``tool``: the k-th tool call signals its own process after it has logged its start.
+
+SIGTERM is turned into ``SystemExit`` by the handler of the guide ("Stop cleanly on SIGTERM").
+
+After every child, this process reads and loads the State through a store object of its own
+and checks (docs/guide.md, "If the process stops" and "Stop cleanly on SIGTERM"):
+
+* the State can be read and loaded, without an error;
+* the stored seqs are 0..n-1, none missing, none twice;
+* every entry an earlier check saw is still stored, unchanged (saved entries never change or
+  vanish), and so is every entry a child saw ``Store.write`` return for (the child logs them
+  after the write returns);
+* each tool call has exactly one result, or none when a notice leaves its step out of the
+  conversation (the calls among the missing steps are named in the notice);
+* no call id was started twice (the tool appends its call id to a log, fsync'd, before its
+  work), and every result of ``work`` comes from a call that started;
+* after SIGTERM during a run: the child exited with ``SystemExit`` (status 143), every
+  entry it had in memory is stored, the load settles nothing (no "(unknown: …)" result, no
+  notice), and calls cut short were closed with ``(aborted: SystemExit)``;
+* a run that returned left the State stopped by ``finish`` with the answer ``"done"``.
+
+It prints one line per store and signal (kills, resumes, States finished, violations, time),
+a total per store, then each violation with its State id, and exits 1 on any violation.
+``--break drop-save`` makes the children's store drop every tool result saved alone while
+still reporting it saved: the soak must then find violations (a test uses it).
+
+Without ``--endpoint``, moto's ``ThreadedMotoServer`` runs on 127.0.0.1 in a process of its
+own (this process stays single-threaded, so forking it is safe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal, NoReturn
+
+import boto3
+
+from alpineagents import Agent, FileStore, ModelRequest, ModelResponse, State, Store
+from alpineagents.history import MODEL, NOTICE, TOOL_RESULT, HistoryEntry
+from alpineagents.testing import FunctionModel
+from alpineagents_s3 import S3Store
+
+StoreKind = Literal["file", "s3"]
+Point = Literal["timer", "write", "io", "tool"]
+POINTS: tuple[Point, ...] = ("timer", "write", "io", "tool")
+POINT_WEIGHTS = (4, 2, 3, 2)
+
+TASK = "Work through the steps, then finish with the answer 'done'."
+ANSWER = "done"
+PREFIX = "kill-soak"
+COMPACT_AT = 110  # "tokens": the FunctionModel reports 10 per content block sent
+TERM_STATUS = 128 + signal.SIGTERM  # SystemExit(128 + signum), as the guide's handler raises
+ERROR_STATUS = 70
+CHILD_TIMEOUT = 60.0  # a child still alive this long after its start (or its SIGTERM) hangs
+TERM_GRACE = 15.0
+MAX_CHILDREN = 60  # children for one State before it is judged never to finish
+BUILTINS = frozenset({"finish", "ask"})
+
+# Dummy credentials for moto and LocalStack; never a real account.
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+# What the parent tells a child --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One child: which State it runs, how that State's run goes, and how it is killed.
+
+    Attributes:
+        state_id: The State the child creates or loads.
+        steps: How many steps the model works through before it finishes.
+        parts: For each step, how many ``work`` calls the model makes at once.
+        signum: The signal the child gets, or ``None`` for a child left to finish.
+        point: Where the kill lands (see the module docstring).
+        at: For the self-signalled points, the step (1-based) at which it lands.
+        delay: For ``timer``, the seconds the parent waits before it signals.
+        torn: For ``io`` on FileStore with SIGKILL, write half the bytes first.
+        seed: The child's random seed (tool durations).
+        number: The child's number for this State (0 for the first).
+    """
+
+    state_id: str
+    steps: int
+    parts: tuple[int, ...]
+    signum: int | None
+    point: Point
+    at: int
+    delay: float
+    torn: bool
+    seed: int
+    number: int
+
+
+@dataclass
+class Target:
+    """Where the States are kept, and how a process opens a store there.
+
+    For S3, ``session`` is made (and its service models loaded) before any fork, so that a
+    child makes its own client from it quickly; no client is ever shared across a fork.
+    """
+
+    kind: StoreKind
+    work: Path
+    folder: Path | None = None
+    endpoint: str = ""
+    bucket: str = ""
+    session: boto3.Session | None = None
+    client: Any = None  # the parent's own client, for its checks
+    broken: str | None = None
+
+    def fresh_store(self) -> Store:
+        """A store object of the parent's, new for each check."""
+        if self.kind == "file":
+            assert self.folder is not None
+            return FileStore(self.folder)
+        return S3Store(self.bucket, PREFIX, endpoint_url=self.endpoint, client=self.client)
+
+
+# The child -------------------------------------------------------------------------------
+
+
+class Trigger:
+    """Counts the steps of each kind a child takes; signals the child at the planned one."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.counts: Counter[str] = Counter()
+        self.fired = False
+
+    def due(self, point: Point) -> bool:
+        """Count one step of ``point``; whether the planned kill lands on it."""
+        self.counts[point] += 1
+        plan = self.plan
+        if self.fired or plan.signum is None or plan.point != point:
+            return False
+        if self.counts[point] != plan.at:
+            return False
+        self.fired = True
+        return True
+
+    def fire(self) -> None:
+        """Signal this process (SIGTERM's handler runs at once in the main thread)."""
+        assert self.plan.signum is not None
+        os.kill(os.getpid(), self.plan.signum)
+
+    def tick(self, point: Point) -> None:
+        """Count one step, and signal this process if the kill is planned there."""
+        if self.due(point):
+            self.fire()
+
+
+@dataclass
+class Child:
+    """What a child knows about itself, for its exit report."""
+
+    plan: Plan
+    work: Path
+    trigger: Trigger
+    state: State | None = None
+    in_run: bool = False
+
+    def path(self, suffix: str) -> Path:
+        """A file of this State in the work folder."""
+        return self.work / f"{self.plan.state_id}.{suffix}"
+
+
+def _append_line(path: Path, line: str, *, sync: bool = False) -> None:
+    """Append one line with a single write on an O_APPEND descriptor (fsync'd if ``sync``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        _real_write(fd, (line + "\n").encode())
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_real_write = os.write
+
+
+def canonical(entry: dict[str, Any]) -> str:
+    """An entry as one comparable string."""
+    return json.dumps(entry, sort_keys=True, ensure_ascii=False)
+
+
+class _Reporting(Store):
+    """A store that logs every entry once its ``write`` returned, and counts write steps.
+
+    Mixed in before FileStore or S3Store in the child. ``broken="drop-save"`` drops a write of
+    entries alone (a tool result saved at once) and still logs it as saved.
+    """
+
+    child: Child
+    broken: str | None = None
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        """Write, logging the entries as saved once the write returned."""
+        self.child.trigger.tick("write")
+        if self.broken == "drop-save" and snapshot is None and not create:
+            pass  # the entries are lost, and reported saved all the same
+        else:
+            super().write(state_id, entries, snapshot, create=create)
+        saved = self.child.path("saved")
+        for entry in entries:
+            _append_line(saved, canonical(entry))
+        self.child.trigger.tick("write")
+
+
+class _ReportingFileStore(_Reporting, FileStore):
+    pass
+
+
+class _ReportingS3Store(_Reporting, S3Store):
+    pass
+
+
+def _patch_file_io(trigger: Trigger) -> None:
+    """Count the child's low-level writes (this process only: it is a fork)."""
+
+    def counted(name: str) -> None:
+        real: Callable[..., Any] = getattr(os, name)
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if trigger.due("io"):
+                if name == "write" and trigger.plan.torn:
+                    data = bytes(args[1])
+                    _real_write(args[0], data[: max(1, len(data) // 2)])
+                trigger.fire()
+            return real(*args, **kwargs)
+
+        setattr(os, name, step)
+
+    for name in ("write", "replace", "rename", "mkdir"):
+        counted(name)
+
+
+def _child_store(target: Target, child: Child) -> Store:
+    """The child's store: its own object (and for S3 its own client), made after the fork."""
+    store: _Reporting
+    if target.kind == "file":
+        assert target.folder is not None
+        _patch_file_io(child.trigger)
+        store = _ReportingFileStore(target.folder)
+    else:
+        assert target.session is not None
+
+        def on_request(**kwargs: Any) -> None:
+            child.trigger.tick("io")
+
+        client = target.session.client("s3", endpoint_url=target.endpoint, region_name="us-east-1")
+        client.meta.events.register("before-send.s3", on_request)
+        client.meta.events.register("after-call.s3", on_request)
+        store = _ReportingS3Store(
+            target.bucket, PREFIX, endpoint_url=target.endpoint, client=client
+        )
+    store.child = child
+    store.broken = target.broken
+    return store
+
+
+STEP_DONE = re.compile(r"through step (-?\d+)")
+
+
+def last_step(request: ModelRequest) -> int:
+    """The highest step the conversation shows as called (or summarised), -1 for none."""
+    found = -1
+    for message in request.messages:
+        for block in message["content"]:
+            if block["type"] == "tool_call" and block["name"] == "work":
+                found = max(found, int(block["input"]["step"]))
+            elif block["type"] == "text":
+                for match in STEP_DONE.finditer(block["text"]):
+                    found = max(found, int(match.group(1)))
+    return found
+
+
+def model_for(plan: Plan) -> Callable[[ModelRequest], ModelResponse]:
+    """The model: step after step of ``work`` calls, then ``finish``; summaries on request."""
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        blocks = sum(len(m["content"]) for m in request.messages)
+        usage = {"input_tokens": 10 * blocks, "output_tokens": 5}
+        done = last_step(request)
+        if request.purpose == "compaction":
+            text = f"Summary: the work is done through step {done}."
+            return ModelResponse([{"type": "text", "text": text}], "end_turn", usage)
+        step = done + 1
+        if step >= plan.steps:
+            call = {"name": "finish", "input": {"answer": ANSWER}}
+            return ModelResponse([_call(call)], "tool_use", usage)
+        calls = [
+            _call({"name": "work", "input": {"step": step, "part": part}})
+            for part in range(plan.parts[step])
+        ]
+        return ModelResponse(calls, "tool_use", usage)
+
+    return respond
+
+
+def _call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call block whose id (unique across processes) is also in its input."""
+    call_id = f"call_{uuid.uuid4().hex[:16]}"
+    tool_input = dict(call["input"])
+    if call["name"] == "work":
+        tool_input["call"] = call_id
+    return {"type": "tool_call", "id": call_id, "name": call["name"], "input": tool_input}
+
+
+def tool_for(child: Child) -> Callable[..., str]:
+    """The tool ``work``: logs its call id (fsync'd), then does its part of a step."""
+    rng = random.Random(child.plan.seed)
+    started = child.path("started")
+
+    def work(step: int, part: int, call: str) -> str:
+        """Do one part of one step of the work; ``call`` is the call's own id."""
+        _append_line(started, call, sync=True)
+        child.trigger.tick("tool")
+        time.sleep(rng.uniform(0, 0.004))  # the work itself
+        return f"step {step} part {part} done"
+
+    return work
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """The guide's SIGTERM handler."""
+    raise SystemExit(128 + signum)
+
+
+def child_main(target: Target, plan: Plan) -> NoReturn:
+    """The child process: run the State once, report how it ended, and exit at once."""
+    child = Child(plan, target.work, Trigger(plan))
+    status = ERROR_STATUS
+    try:
+        signal.signal(signal.SIGTERM, _stop)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        log = os.open(child.path("log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        _run_child(target, child)
+        status = 0
+        report(child, "exit", {"ticks": dict(child.trigger.counts)})
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else ERROR_STATUS
+        state = child.state
+        report(
+            child,
+            "exit",
+            {"in_run": child.in_run, "history": None if state is None else len(state.history)},
+        )
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            report(child, "error", {"error": traceback.format_exc()})
+    finally:
+        os._exit(status)
+
+
+def report(child: Child, what: str, content: dict[str, Any]) -> None:
+    """Leave the parent a small JSON file about this child."""
+    path = child.path(f"{what}-{child.plan.number}")
+    path.write_text(json.dumps(content))
+
+
+def _run_child(target: Target, child: Child) -> None:
+    plan = child.plan
+    store = _child_store(target, child)
+    state = store.get(plan.state_id)
+    if state is None:
+        state = State(TASK, id=plan.state_id)
+    child.state = state
+    agent = Agent(
+        _function_model(plan),
+        tools=[tool_for(child)],
+        store=store,
+        compact_at=COMPACT_AT,
+        max_steps=4 * plan.steps + 10,
+    )
+    child.in_run = True
+    agent.run(state)
+    child.in_run = False
+
+
+def _function_model(plan: Plan) -> FunctionModel:
+    return FunctionModel(model_for(plan), name="kill-soak")
+
+
+# The parent: children ------------------------------------------------------------------------
+
+
+@dataclass
+class Ended:
+    """How a child ended.
+
+    Attributes:
+        status: ``os.waitstatus_to_exitcode``: 0, 143 (SystemExit after SIGTERM), 70 (an
+            error), or minus the signal that ended it.
+        signal_sent: The signal this process sent (``timer``), if any.
+        hung: The child did not end in time and was killed with SIGKILL.
+        seconds: From the fork to the end.
+    """
+
+    status: int
+    signal_sent: int | None
+    hung: bool
+    seconds: float
+
+
+def wait_for(pid: int, seconds: float) -> int | None:
+    """The child's exit status once it ended, or ``None`` if it still runs after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = -1
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if fd >= 0:
+                select.select([fd], [], [], left)
+            else:
+                time.sleep(min(left, 0.002))
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def run_child(target: Target, plan: Plan) -> Ended:
+    """Fork a child for ``plan``, kill it as planned, and reap it."""
+    started = time.monotonic()
+    # A SIGTERM sent early waits until the child has installed the guide's handler.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child_main(target, plan)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    sent = None
+    status: int | None = None
+    if plan.signum is not None and plan.point == "timer":
+        status = wait_for(pid, plan.delay)
+        if status is None:
+            os.kill(pid, plan.signum)
+            sent = plan.signum
+    hung = False
+    if status is None:
+        status = wait_for(pid, TERM_GRACE if sent == signal.SIGTERM else CHILD_TIMEOUT)
+    if status is None:
+        hung = True
+        os.kill(pid, signal.SIGKILL)
+        status = wait_for(pid, CHILD_TIMEOUT)
+        if status is None:
+            raise RuntimeError(f"child {pid} survived SIGKILL")
+    return Ended(status, sent, hung, time.monotonic() - started)
+
+
+# The parent: checks ------------------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """What the parent knows of one State across its children."""
+
+    state_id: str
+    steps: int
+    parts: tuple[int, ...]
+    started: Path
+    seen: dict[int, str] = field(default_factory=dict)
+    children: int = 0
+    kills: Counter[int] = field(default_factory=Counter)
+    last_kill: int | None = None
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a log, or none if it does not exist."""
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def read_report(path: Path) -> dict[str, Any] | None:
+    """A child's JSON report, or ``None``."""
+    try:
+        found: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return found
+
+
+def skipped_by_notices(history: Sequence[HistoryEntry]) -> set[int]:
+    """The seqs a notice leaves out of the conversation."""
+    skipped: set[int] = set()
+    for entry in history:
+        if entry.kind == NOTICE:
+            span = entry.as_notice().skipped
+            if span is not None:
+                skipped.update(range(*span))
+    return skipped
+
+
+def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
+    """Every promise after one child; the broken ones, one sentence each."""
+    found: list[str] = []
+    work = target.work
+    n = plan.number
+    status = ended.status
+    if ended.hung:
+        found.append(f"child {n} did not end within its time ({plan.point}, signal {plan.signum})")
+    elif status == ERROR_STATUS:
+        error = read_report(work / f"{watch.state_id}.error-{n}") or {}
+        last = str(error.get("error", "(no report)")).strip().splitlines()[-1:]
+        found.append(f"child {n} raised: {' '.join(last)}")
+    elif status == -signal.SIGTERM:
+        found.append(f"child {n} was ended by SIGTERM without SystemExit")
+    elif status not in (0, TERM_STATUS, -signal.SIGKILL):
+        found.append(f"child {n} exited with status {status}")
+
+    store = target.fresh_store()
+    try:
+        try:
+            record = store.read(watch.state_id)
+        except Exception as e:
+            return [*found, f"after child {n}: the read failed: {type(e).__name__}: {e}"]
+        acked = [json.loads(line) for line in read_lines(work / f"{watch.state_id}.saved")]
+        if record is None:
+            if watch.seen or acked:
+                found.append(f"after child {n}: the State is gone ({len(watch.seen)} seen)")
+            return found
+        try:
+            loaded = store.load(watch.state_id)
+        except Exception as e:
+            return [*found, f"after child {n}: the load failed: {type(e).__name__}: {e}"]
+    finally:
+        store.close()
+
+    stored = {}
+    for entry in record.entries:
+        seq = entry["seq"]
+        if seq in stored:
+            found.append(f"after child {n}: seq {seq} is stored twice")
+        stored[seq] = canonical(entry)
+    if sorted(stored) != list(range(len(stored))):
+        found.append(f"after child {n}: the stored seqs are not 0..n-1: {sorted(stored)}")
+    for seq, before in sorted(watch.seen.items()):
+        if seq not in stored:
+            found.append(f"after child {n}: entry {seq}, seen before, is gone")
+        elif stored[seq] != before:
+            found.append(f"after child {n}: entry {seq}, seen before, changed")
+    for entry in acked:
+        seq = entry["seq"]
+        if stored.get(seq) != canonical(entry):
+            what = "is missing" if seq not in stored else "differs"
+            found.append(f"after child {n}: entry {seq} ({entry['kind']}), saved, {what}")
+    watch.seen.update(stored)
+    found += check_calls(watch, loaded.history, n)
+
+    if status == TERM_STATUS:
+        exit_report = read_report(work / f"{watch.state_id}.exit-{n}") or {}
+        if exit_report.get("in_run"):
+            if exit_report.get("history") != len(stored):
+                found.append(
+                    f"after SIGTERM (child {n}): {exit_report.get('history')} entries in "
+                    f"memory, {len(stored)} stored"
+                )
+            added = loaded.history[len(stored) :]
+            if added:
+                kinds = ", ".join(e.kind for e in added)
+                found.append(f"after SIGTERM (child {n}): the load settled entries ({kinds})")
+        for item in loaded.history:
+            if item.kind == TOOL_RESULT and item.text.startswith("(aborted:"):
+                if item.text != "(aborted: SystemExit)":
+                    found.append(f"after SIGTERM (child {n}): a call closed with {item.text}")
+    if status == 0 and not ended.hung:
+        if loaded.stopped_by != "finish" or loaded.answer != ANSWER:
+            found.append(
+                f"child {n} returned, but the State is stopped by {loaded.stopped_by!r} "
+                f"with {loaded.answer!r}"
+            )
+    return found
+
+
+def check_calls(watch: Watch, history: Sequence[HistoryEntry], n: int) -> list[str]:
+    """One result per tool call (or a notice), no call started twice, no result without a run."""
+    found: list[str] = []
+    skipped = skipped_by_notices(history)
+    results: Counter[str] = Counter()
+    ran_results: set[str] = set()
+    for entry in history:
+        if entry.kind == TOOL_RESULT:
+            result = entry.as_tool_result()
+            results[result.call_id] += 1
+            if result.name == "work" and entry.text.startswith("step "):
+                ran_results.add(result.call_id)
+    noticed = " ".join(e.text for e in history if e.kind == NOTICE)
+    for entry in history:
+        if entry.kind != MODEL:
+            continue
+        for call in entry.as_model().tool_calls:
+            count = results[call["id"]]
+            if call["name"] in BUILTINS:
+                if count > 1:
+                    found.append(f"after child {n}: {call['id']} (finish) has {count} results")
+                continue
+            if count > 1:
+                found.append(f"after child {n}: call {call['id']} has {count} results")
+            elif count == 0 and not (entry.seq in skipped and call["name"] in noticed):
+                found.append(f"after child {n}: call {call['id']} has no result and no notice")
+    starts = Counter(read_lines(watch.started))
+    for call_id, count in starts.items():
+        if count > 1:
+            found.append(f"after child {n}: call {call_id} was started {count} times")
+    for call_id in sorted(ran_results - set(starts)):
+        found.append(f"after child {n}: call {call_id} has a result but never started")
+    return found
+
+
+# The parent: the soak ----------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """The figures of one store and one signal."""
+
+    kills: int = 0
+    resumes: int = 0
+    finished: int = 0
+    violations: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Soak:
+    """One store's soak."""
+
+    target: Target
+    signals: list[int]
+    rng: random.Random
+    kills_wanted: int
+    deadline: float
+    tallies: dict[int, Tally] = field(default_factory=dict)
+    points: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    states: int = 0
+    finished: int = 0
+    children: int = 0
+    seconds: float = 0.0
+    full_seconds: float = 0.5
+    full_ticks: Counter[str] = field(default_factory=Counter)
+    turn: int = 0
+
+    @property
+    def kills(self) -> int:
+        """Kills so far, all signals."""
+        return sum(t.kills for t in self.tallies.values())
+
+    def plan(self, watch: Watch, kill: bool) -> Plan:
+        """The next child of ``watch``'s State: a kill (if ``kill``) at a random point."""
+        rng = self.rng
+        signum: int | None = None
+        point: Point = "timer"
+        at, delay, torn = 0, 0.0, False
+        if kill:
+            signum = self.signals[self.turn % len(self.signals)]
+            self.turn += 1
+            point = rng.choices(POINTS, POINT_WEIGHTS)[0]
+            if point == "timer":
+                delay = rng.uniform(0, self.full_seconds)
+            else:
+                at = rng.randint(1, max(1, int(self.full_ticks[point] * 0.8)))
+            torn = (
+                point == "io"
+                and self.target.kind == "file"
+                and signum == signal.SIGKILL
+                and rng.random() < 1 / 3
+            )
+        return Plan(
+            watch.state_id,
+            watch.steps,
+            watch.parts,
+            signum,
+            point,
+            at,
+            delay,
+            torn,
+            rng.getrandbits(32),
+            watch.children,
+        )
+
+    def new_watch(self) -> Watch:
+        """A new State to run."""
+        steps = self.rng.randint(3, 6)
+        parts = tuple(self.rng.randint(1, 3) for _ in range(steps))
+        self.states += 1
+        state_id = f"soak-{uuid.uuid4().hex[:12]}"
+        return Watch(state_id, steps, parts, self.target.work / f"{state_id}.started")
+
+    def calibrate(self) -> None:
+        """Run two States without a kill: how long a run takes, how many steps of each kind."""
+        for _ in range(2):
+            watch = self.new_watch()
+            ended, report_ = self.child(watch, self.plan(watch, kill=False))
+            if report_ is not None:
+                for point, count in report_.get("ticks", {}).items():
+                    self.full_ticks[point] = max(self.full_ticks[point], count)
+            self.full_seconds = max(ended.seconds, 0.05)
+            if ended.status == 0:
+                self.finished += 1
+
+    def child(self, watch: Watch, plan: Plan) -> tuple[Ended, dict[str, Any] | None]:
+        """Run one child of ``watch``'s State and check after it; count everything."""
+        ended = run_child(self.target, plan)
+        found = check(self.target, watch, plan, ended)
+        watch.children += 1
+        self.children += 1
+        report_ = read_report(self.target.work / f"{watch.state_id}.exit-{plan.number}")
+        killed_by = None
+        if ended.status == -signal.SIGKILL and not ended.hung:
+            killed_by = signal.SIGKILL
+        elif ended.status == TERM_STATUS:
+            killed_by = signal.SIGTERM
+        spent = ended.seconds
+        if plan.signum is not None:
+            tally = self.tallies.setdefault(plan.signum, Tally())
+            tally.seconds += spent
+            tally.violations += len(found)
+            if killed_by is not None:
+                tally.kills += 1
+                watch.kills[killed_by] += 1
+                self.points[plan.point] += 1
+        elif found:
+            self.tallies.setdefault(0, Tally()).violations += len(found)
+        if plan.number > 0 and watch.last_kill is not None:
+            self.tallies.setdefault(watch.last_kill, Tally()).resumes += 1
+        watch.last_kill = killed_by
+        self.violations += [f"{watch.state_id}: {v}" for v in found]
+        return ended, report_
+
+    def run(self) -> None:
+        """States one after another, each killed and resumed until it finishes."""
+        self.calibrate()
+        while self.kills < self.kills_wanted and time.monotonic() < self.deadline:
+            watch = self.new_watch()
+            budget = self.rng.randint(1, 8)
+            while True:
+                kill = (
+                    sum(watch.kills.values()) < budget
+                    and self.kills < self.kills_wanted
+                    and time.monotonic() < self.deadline
+                )
+                ended, _ = self.child(watch, self.plan(watch, kill))
+                if ended.status == ERROR_STATUS or ended.hung:
+                    break  # reported; a State its own run cannot continue is left there
+                if ended.status == 0:
+                    self.finished += 1
+                    for signum in watch.kills:
+                        self.tallies.setdefault(signum, Tally()).finished += 1
+                    break
+                if watch.children >= MAX_CHILDREN:
+                    self.violations.append(
+                        f"{watch.state_id}: not finished after {watch.children} children"
+                    )
+                    break
+
+
+# Stores and output ---------------------------------------------------------------------------
+
+MOTO = """
+import sys
+from alpineagents_s3.testing import embedded_moto
+with embedded_moto() as url:
+    print(url, flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def moto_process() -> Iterator[str]:
+    """moto's ThreadedMotoServer in a process of its own; its URL."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", MOTO], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError("moto's server did not start")
+        yield url
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL``, ``SIGTERM``, or ``none`` for children left to finish."""
+    return signal.Signals(signum).name if signum else "none"
+
+
+def print_soak(label: str, soak: Soak) -> None:
+    """One line per signal, then the store's total."""
+    for signum, tally in sorted(soak.tallies.items(), key=lambda item: -item[0]):
+        if signum == 0 and not tally.violations:
+            continue
+        print(
+            f"{label:<4} {signal_name(signum):<7}  kills {tally.kills:>5}  resumes "
+            f"{tally.resumes:>5}  States finished {tally.finished:>4}  violations "
+            f"{tally.violations:>3}  {tally.seconds:.1f}s"
+        )
+    points = ", ".join(f"{p} {soak.points[p]}" for p in POINTS)
+    print(
+        f"{label:<4} total    kills {soak.kills:>5}  children {soak.children:>5}  States "
+        f"{soak.states} ({soak.finished} finished)  violations {len(soak.violations):>3}  "
+        f"[kill points: {points}]  {soak.seconds:.1f}s",
+        flush=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the soak on each store and print its figures; 1 on any violation."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=100, help="kills per store")
+    parser.add_argument("--seconds", type=float, default=600.0, help="time bound of the run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--store", choices=["file", "s3", "both"], default="both")
+    parser.add_argument("--signals", default="kill,term", help="kill, term or kill,term")
+    parser.add_argument("--endpoint", help="an S3 endpoint (default: moto, in its own process)")
+    parser.add_argument("--break", dest="broken", choices=["drop-save"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    names = {"kill": int(signal.SIGKILL), "term": int(signal.SIGTERM)}
+    try:
+        signals = [names[s.strip()] for s in args.signals.split(",") if s.strip()]
+    except KeyError as e:
+        parser.error(f"--signals: unknown signal {e}")
+    if not signals:
+        parser.error("--signals: at least one of kill, term")
+    for key, value in CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    kinds: list[StoreKind] = ["file", "s3"] if args.store == "both" else [args.store]
+    started = time.monotonic()
+    rng = random.Random(args.seed)
+    soaks: list[tuple[str, Soak]] = []
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kill-soak-")))
+        url = ""
+        if "s3" in kinds:
+            url = args.endpoint or stack.enter_context(moto_process())
+        print(
+            f"kill soak: stores {', '.join(kinds)}"
+            + (f" (S3 at {url}{'' if args.endpoint else ', moto'})" if url else "")
+            + f", signals {args.signals}, {args.kills} kills per store, bound "
+            f"{args.seconds:g}s, seed {args.seed}"
+            + (f", BROKEN: {args.broken}" if args.broken else ""),
+            flush=True,
+        )
+        for i, kind in enumerate(kinds):
+            left = args.seconds - (time.monotonic() - started)
+            deadline = time.monotonic() + left / (len(kinds) - i)
+            target = Target(kind, work / kind, broken=args.broken)
+            target.work.mkdir()
+            if kind == "file":
+                target.folder = work / "store"
+            else:
+                session = boto3.Session()
+                target.session = session
+                target.endpoint = url
+                target.bucket = f"kill-soak-{uuid.uuid4().hex[:12]}"
+                target.client = session.client("s3", endpoint_url=url, region_name="us-east-1")
+                target.client.create_bucket(Bucket=target.bucket)
+            soak = Soak(target, signals, random.Random(rng.getrandbits(64)), args.kills, deadline)
+            begun = time.monotonic()
+            try:
+                soak.run()
+            finally:
+                soak.seconds = time.monotonic() - begun
+                if kind == "s3":
+                    _empty_bucket(target)
+            print_soak(kind, soak)
+            soaks.append((kind, soak))
+    total = sum(len(s.violations) for _, s in soaks)
+    for label, soak in soaks:
+        for violation in soak.violations[:20]:
+            print(f"  {label}: {violation}")
+        if len(soak.violations) > 20:
+            print(f"  {label}: … and {len(soak.violations) - 20} more")
+    kills = sum(s.kills for _, s in soaks)
+    print(f"total: {kills} kills, {total} violations, {time.monotonic() - started:.1f}s")
+    return 1 if total else 0
+
+
+def _empty_bucket(target: Target) -> None:
+    """Remove the run's bucket and everything in it."""
+    client = target.client
+    while True:
+        found = client.list_objects_v2(Bucket=target.bucket)
+        keys = [{"Key": item["Key"]} for item in found.get("Contents", [])]
+        if not keys:
+            break
+        client.delete_objects(Bucket=target.bucket, Delete={"Objects": keys})
+    client.delete_bucket(Bucket=target.bucket)
+    client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
