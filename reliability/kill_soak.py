@@ -75,7 +75,16 @@ from typing import Any, Literal, NoReturn
 
 import boto3
 
-from alpineagents import Agent, FileStore, ModelRequest, ModelResponse, State, Store
+from alpineagents import (
+    Agent,
+    FileStore,
+    ModelRequest,
+    ModelResponse,
+    Record,
+    State,
+    StateNotFoundError,
+    Store,
+)
 from alpineagents.history import MODEL, NOTICE, TOOL_RESULT, HistoryEntry
 from alpineagents.testing import FunctionModel
 from alpineagents_s3 import S3Store
@@ -153,12 +162,32 @@ class Target:
     client: Any = None  # the parent's own client, for its checks
     broken: str | None = None
 
-    def fresh_store(self) -> Store:
+    def fresh_store(self) -> Keeping:
         """A store object of the parent's, new for each check."""
         if self.kind == "file":
             assert self.folder is not None
-            return FileStore(self.folder)
-        return S3Store(self.bucket, PREFIX, endpoint_url=self.endpoint, client=self.client)
+            return _KeepingFileStore(self.folder)
+        return _KeepingS3Store(self.bucket, PREFIX, endpoint_url=self.endpoint, client=self.client)
+
+
+class Keeping(Store):
+    """A store that keeps what its last ``read`` returned: a check loads once, and sees both
+    the stored entries and the State that ``load`` rebuilds from them."""
+
+    last: Record | None = None
+
+    def read(self, state_id: str) -> Record | None:
+        """Read, and keep the record."""
+        self.last = super().read(state_id)
+        return self.last
+
+
+class _KeepingFileStore(Keeping, FileStore):
+    pass
+
+
+class _KeepingS3Store(Keeping, S3Store):
+    pass
 
 
 # The child -------------------------------------------------------------------------------
@@ -397,7 +426,11 @@ def child_main(target: Target, plan: Plan) -> NoReturn:
         report(
             child,
             "exit",
-            {"in_run": child.in_run, "history": None if state is None else len(state.history)},
+            {
+                "in_run": child.in_run,
+                "history": None if state is None else len(state.history),
+                "notes": getattr(e, "__notes__", []),
+            },
         )
     except BaseException:
         with contextlib.suppress(BaseException):
@@ -573,51 +606,34 @@ def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
         found.append(f"child {n} exited with status {status}")
 
     store = target.fresh_store()
+    acked = [json.loads(line) for line in read_lines(work / f"{watch.state_id}.saved")]
+    loaded: State | None = None
     try:
-        try:
-            record = store.read(watch.state_id)
-        except Exception as e:
-            return [*found, f"after child {n}: the read failed: {type(e).__name__}: {e}"]
-        acked = [json.loads(line) for line in read_lines(work / f"{watch.state_id}.saved")]
-        if record is None:
-            if watch.seen or acked:
-                found.append(f"after child {n}: the State is gone ({len(watch.seen)} seen)")
-            return found
-        try:
-            loaded = store.load(watch.state_id)
-        except Exception as e:
-            return [*found, f"after child {n}: the load failed: {type(e).__name__}: {e}"]
+        loaded = store.load(watch.state_id)
+    except StateNotFoundError:
+        pass
+    except Exception as e:
+        found.append(f"after child {n}: the load failed: {type(e).__name__}: {e}")
     finally:
         store.close()
-
-    stored = {}
-    for entry in record.entries:
-        seq = entry["seq"]
-        if seq in stored:
-            found.append(f"after child {n}: seq {seq} is stored twice")
-        stored[seq] = canonical(entry)
-    if sorted(stored) != list(range(len(stored))):
-        found.append(f"after child {n}: the stored seqs are not 0..n-1: {sorted(stored)}")
-    for seq, before in sorted(watch.seen.items()):
-        if seq not in stored:
-            found.append(f"after child {n}: entry {seq}, seen before, is gone")
-        elif stored[seq] != before:
-            found.append(f"after child {n}: entry {seq}, seen before, changed")
-    for entry in acked:
-        seq = entry["seq"]
-        if stored.get(seq) != canonical(entry):
-            what = "is missing" if seq not in stored else "differs"
-            found.append(f"after child {n}: entry {seq} ({entry['kind']}), saved, {what}")
-    watch.seen.update(stored)
+    record = store.last
+    if record is None:
+        if watch.seen or acked:
+            found.append(f"after child {n}: the State is gone ({len(watch.seen)} seen)")
+        return found
+    stored = check_entries(watch, record.entries, acked, n, found)
+    if loaded is None:
+        return found
     found += check_calls(watch, loaded.history, n)
 
     if status == TERM_STATUS:
         exit_report = read_report(work / f"{watch.state_id}.exit-{n}") or {}
         if exit_report.get("in_run"):
             if exit_report.get("history") != len(stored):
+                notes = "; ".join(exit_report.get("notes", [])) or "no note"
                 found.append(
                     f"after SIGTERM (child {n}): {exit_report.get('history')} entries in "
-                    f"memory, {len(stored)} stored"
+                    f"memory, {len(stored)} stored ({notes})"
                 )
             added = loaded.history[len(stored) :]
             if added:
@@ -634,6 +650,37 @@ def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
                 f"with {loaded.answer!r}"
             )
     return found
+
+
+def check_entries(
+    watch: Watch,
+    entries: Sequence[dict[str, Any]],
+    acked: Sequence[dict[str, Any]],
+    n: int,
+    found: list[str],
+) -> dict[int, str]:
+    """Seqs 0..n-1, entries seen before unchanged, entries reported saved stored; by seq."""
+    stored: dict[int, str] = {}
+    for entry in entries:
+        seq = entry["seq"]
+        if seq in stored:
+            found.append(f"after child {n}: seq {seq} is stored twice")
+        stored[seq] = canonical(entry)
+    if sorted(stored) != list(range(len(stored))):
+        found.append(f"after child {n}: the stored seqs are not 0..n-1: {sorted(stored)}")
+    for seq, before in sorted(watch.seen.items()):
+        if seq not in stored:
+            found.append(f"after child {n}: entry {seq}, seen before, is gone")
+        elif stored[seq] != before:
+            found.append(f"after child {n}: entry {seq}, seen before, changed")
+    for entry in acked:
+        seq = entry["seq"]
+        if stored.get(seq) != canonical(entry):
+            what = "is missing" if seq not in stored else "differs"
+            found.append(f"after child {n}: entry {seq} ({entry['kind']}), saved, {what}")
+    for seq, now in stored.items():
+        watch.seen.setdefault(seq, now)  # the first sight stays the reference
+    return stored
 
 
 def check_calls(watch: Watch, history: Sequence[HistoryEntry], n: int) -> list[str]:
@@ -683,6 +730,7 @@ class Tally:
     finished: int = 0
     violations: int = 0
     seconds: float = 0.0
+    during_run: int = 0  # SIGTERM: children stopped inside ``agent.run``
 
 
 @dataclass
@@ -765,6 +813,7 @@ class Soak:
 
     def child(self, watch: Watch, plan: Plan) -> tuple[Ended, dict[str, Any] | None]:
         """Run one child of ``watch``'s State and check after it; count everything."""
+        began = time.monotonic()
         ended = run_child(self.target, plan)
         found = check(self.target, watch, plan, ended)
         watch.children += 1
@@ -775,13 +824,16 @@ class Soak:
             killed_by = signal.SIGKILL
         elif ended.status == TERM_STATUS:
             killed_by = signal.SIGTERM
-        spent = ended.seconds
+        spent = time.monotonic() - began
         if plan.signum is not None:
             tally = self.tallies.setdefault(plan.signum, Tally())
             tally.seconds += spent
             tally.violations += len(found)
             if killed_by is not None:
                 tally.kills += 1
+                tally.during_run += killed_by == signal.SIGTERM and bool(
+                    report_ and report_.get("in_run")
+                )
                 watch.kills[killed_by] += 1
                 self.points[plan.point] += 1
         elif found:
@@ -866,6 +918,7 @@ def print_soak(label: str, soak: Soak) -> None:
             f"{label:<4} {signal_name(signum):<7}  kills {tally.kills:>5}  resumes "
             f"{tally.resumes:>5}  States finished {tally.finished:>4}  violations "
             f"{tally.violations:>3}  {tally.seconds:.1f}s"
+            + (f"  ({tally.during_run} inside agent.run)" if signum == signal.SIGTERM else "")
         )
     points = ", ".join(f"{p} {soak.points[p]}" for p in POINTS)
     print(
