@@ -144,6 +144,15 @@ class Plan:
     seed: int
     number: int
 
+    def describe(self) -> str:
+        """The kill in a few words: ``SIGTERM at io step 17``, ``SIGKILL after 0.213s``."""
+        if self.signum is None:
+            return "no kill"
+        name = signal.Signals(self.signum).name
+        if self.point == "timer":
+            return f"{name} after {self.delay:.3f}s"
+        return f"{name} at {self.point} step {self.at}" + (" (torn)" if self.torn else "")
+
 
 @dataclass
 class Target:
@@ -841,7 +850,7 @@ class Soak:
         if plan.number > 0 and watch.last_kill is not None:
             self.tallies.setdefault(watch.last_kill, Tally()).resumes += 1
         watch.last_kill = killed_by
-        self.violations += [f"{watch.state_id}: {v}" for v in found]
+        self.violations += [f"{watch.state_id}: [{plan.describe()}] {v}" for v in found]
         return ended, report_
 
     def run(self) -> None:
