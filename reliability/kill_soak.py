@@ -617,16 +617,20 @@ def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
     store = target.fresh_store()
     acked = [json.loads(line) for line in read_lines(work / f"{watch.state_id}.saved")]
     loaded: State | None = None
+    failed = False
     try:
         loaded = store.load(watch.state_id)
     except StateNotFoundError:
         pass
     except Exception as e:
+        failed = True
         found.append(f"after child {n}: the load failed: {type(e).__name__}: {e}")
     finally:
         store.close()
     record = store.last
     if record is None:
+        if failed:
+            return found  # the read itself failed
         if watch.seen or acked:
             found.append(f"after child {n}: the State is gone ({len(watch.seen)} seen)")
         return found
