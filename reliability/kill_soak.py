@@ -606,7 +606,12 @@ def print_soak(label: str, soak: Soak) -> None:
     print(
         f"{label:<4} total    kills {soak.kills:>5}  children {soak.children:>5}  States "
         f"{soak.states} ({soak.finished} finished)  violations {len(soak.violations):>3}  "
-        f"[kill points: {points}]  {soak.seconds:.1f}s",
+        f"[kill points: {points}]  {soak.seconds:.1f}s"
+        + (
+            f" (time bound: {soak.kills} of {soak.kills_wanted} kills)"
+            if soak.kills < soak.kills_wanted
+            else ""
+        ),
         flush=True,
     )
 
