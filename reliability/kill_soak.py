@@ -247,10 +247,10 @@ def read_lines(path: Path) -> list[str]:
 
 
 def read_report(path: Path) -> dict[str, Any] | None:
-    """A child's JSON report, or ``None``."""
+    """A child's JSON report; ``None`` if there is none or SIGKILL cut it short."""
     try:
         found: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):
         return None
     return found
 
