@@ -77,16 +77,17 @@ def test_file_store_keeps_every_promise_through_sigkill_and_sigterm() -> None:
 
 
 @pytest.mark.slow
-def test_s3_store_keeps_every_promise_through_sigkill() -> None:
-    done = soak("--store", "s3", "--signals", "kill", "--kills", "20", "--seconds", "120")
+def test_s3_store_keeps_every_promise_through_sigkill_and_sigterm() -> None:
+    done = soak("--store", "s3", "--signals", "kill,term", "--kills", "20", "--seconds", "120")
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert re.match(r"kill soak: stores s3 \(S3 at http://127\.0\.0\.1:\d+, moto\)", out)
     lines, total = figures(out, "s3")
-    assert set(lines) == {"SIGKILL"}
-    assert lines["SIGKILL"]["kills"] == 20 == total["kills"]
-    assert lines["SIGKILL"]["resumes"] == 20
-    assert lines["SIGKILL"]["violations"] == 0 == total["violations"]
+    assert set(lines) == {"SIGKILL", "SIGTERM"}
+    assert lines["SIGKILL"]["kills"] + lines["SIGTERM"]["kills"] == 20 == total["kills"]
+    assert lines["SIGKILL"]["resumes"] + lines["SIGTERM"]["resumes"] == 20
+    assert lines["SIGKILL"]["violations"] == 0 == lines["SIGTERM"]["violations"]
+    assert total["violations"] == 0
     assert total["finished"] == total["states"]
     assert re.search(r"^total: 20 kills, 0 violations, ", out, re.MULTILINE)
 
