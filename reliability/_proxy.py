@@ -22,6 +22,7 @@ import http.client
 import random
 import socket
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -65,7 +66,7 @@ class Plan:
         rate: The chance that a request meets a fault (outages aside).
         late_seconds: How long a ``late`` answer is held (more than the client's read timeout).
         outage_seconds: The shortest and longest outage.
-        kinds: The faults drawn from, equally likely but for an outage (a quarter as likely:
+        kinds: The faults drawn from, equally likely but for an outage (a tenth as likely:
             each one fails every request for a while).
         fake_ack: The chance that a PUT is acknowledged without being forwarded (test only).
         paused: Let every request through.
@@ -111,8 +112,7 @@ class FaultProxy:
         class Handler(_Handler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -145,7 +145,7 @@ class FaultProxy:
             elif method == "PUT" and plan.fake_ack and self._random.random() < plan.fake_ack:
                 fault = "fake-ack"
             elif self._random.random() < plan.rate:
-                weights = [0.25 if kind == "outage" else 1.0 for kind in plan.kinds]
+                weights = [0.1 if kind == "outage" else 1.0 for kind in plan.kinds]
                 fault = self._random.choices(plan.kinds, weights)[0]
                 if fault == "outage":
                     low, high = plan.outage_seconds
@@ -159,6 +159,17 @@ class FaultProxy:
         """How one request fails in an outage: a 500, a 503 or a reset."""
         with self.tally.lock:
             return self._random.choice(("500", "503", "reset"))
+
+
+class _Server(ThreadingHTTPServer):
+    """The listening side; a client that drops its connection is no error worth printing."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Print what went wrong unless it is a connection the client dropped."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -66,7 +66,7 @@ CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 # A State's saves are tried again from memory this many times before it is a violation.
-ATTEMPTS = 25
+ATTEMPTS = 10
 
 
 def documented(error: BaseException) -> bool:
@@ -174,20 +174,24 @@ class Figures:
     errors: Counter[str] = field(default_factory=Counter)  # by type
     states: Counter[str] = field(default_factory=Counter)  # by scenario
     runs: int = 0
-    violations: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)  # each told once per State
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _add(self, text: str) -> None:
+        if text not in self.violations:
+            self.violations.append(text)
 
     def error(self, state_id: str, error: BaseException) -> None:
         """Count an error raised to the caller; a violation unless documented."""
         with self.lock:
             self.errors[type(error).__name__] += 1
             if not documented(error):
-                self.violations.append(f"{state_id}: an undocumented error: {describe(error)}")
+                self._add(f"{state_id}: an undocumented error: {describe(error)}")
 
     def violation(self, state_id: str, text: str) -> None:
         """Record a broken promise."""
         with self.lock:
-            self.violations.append(f"{state_id}: {text}")
+            self._add(f"{state_id}: {text}")
 
 
 class _Catch(logging.Handler):
@@ -550,7 +554,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time.sleep(0.2)
         finally:
             stop.set()
-            # The States under way are finished (saved whole, checked) with the faults on.
+            # The States under way are finished (saved whole, checked) without new faults:
+            # each has already been saved again from memory after each of its errors.
+            plan.paused = True
             for thread in threads:
                 thread.join()
             proxy.stop()

@@ -46,14 +46,14 @@ LARGEST: int = 10**MAX_DIGITS  # an int this big has too many digits for json.lo
 BUCKET = "properties"
 
 FAST = settings(
-    max_examples=25,
+    max_examples=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
 
 # The damage tests look for a load that fails the wrong way: more examples, each cheap.
-MANY = settings(FAST, max_examples=80)
+MANY = settings(FAST, max_examples=50)
 
 
 # Stores --------------------------------------------------------------------------------------
