@@ -1,20 +1,29 @@
-"""The S3 fault proxy runner, run briefly as a real process against moto's server.
+"""The S3 fault proxy and its runner, against moto's server.
 
-reliability/fault_proxy.py starts moto's ThreadedMotoServer and its proxy itself. It is run
-here for some hundreds of faults of every kind, which must give no violation; and once with
-the proxy acknowledging PUTs it never forwards (saves that are acknowledged and lost), which
-the runner must report, exiting 1.
+First the instrument: each fault of reliability/_proxy.py, played on every request of a plain
+boto3 client without retries, does what its name says (whether S3 applied the write, what
+the client sees). Then reliability/fault_proxy.py, which starts moto's ThreadedMotoServer and
+its proxy itself, run as a real process for some hundreds of faults of every kind, which
+must give no violation; and once with the proxy acknowledging PUTs it never forwards (saves
+that are acknowledged and lost), which the runner must report, exiting 1.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "reliability" / "fault_proxy.py"
@@ -26,6 +35,70 @@ KINDS = (
     "answer after the read timeout",
     "failed in an outage",
 )
+
+
+def load_proxy_module() -> Any:
+    """reliability/_proxy.py, which is no package: loaded from its file."""
+    spec = importlib.util.spec_from_file_location("_proxy", ROOT / "reliability" / "_proxy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("_proxy", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+# (fault, what botocore raises, whether the PUT was applied)
+FAULTS = [
+    ("500", "InternalError", False),
+    ("503", "SlowDown", False),
+    ("reset", "ConnectionClosedError", False),
+    ("lost", "ConnectionClosedError", True),
+    ("late", "ReadTimeoutError", True),
+    ("outage", None, False),  # a 500, a 503 or a reset
+]
+
+
+@pytest.mark.parametrize(("fault", "raised", "applied"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_fault_does_what_it_says(
+    moto_url: str, moto: S3Client, fault: str, raised: str | None, applied: bool
+) -> None:
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config
+
+    proxy_module = load_proxy_module()
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    moto.create_bucket(Bucket=bucket)
+    plan = proxy_module.Plan(rate=1.0, late_seconds=1.0, kinds=(fault,))
+    proxy = proxy_module.FaultProxy(moto_url, plan, seed=7)
+    proxy.start()
+    config = Config(retries={"total_max_attempts": 1}, read_timeout=0.5, connect_timeout=5)
+    client = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1", config=config)
+    try:
+        started = time.monotonic()
+        with pytest.raises(
+            (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
+        ) as e:
+            client.put_object(Bucket=bucket, Key="k", Body=b"written")
+        if raised is not None:
+            if isinstance(e.value, botocore.exceptions.ClientError):
+                assert e.value.response["Error"]["Code"] == raised
+            else:
+                assert type(e.value).__name__ == raised, repr(e.value)
+        if fault == "late":
+            assert time.monotonic() - started >= 0.5
+        listed = moto.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
+        assert listed == (1 if applied else 0)
+        # Paused, the proxy passes requests on and their answers back.
+        plan.paused = True
+        client.put_object(Bucket=bucket, Key="k2", Body=b"through")
+        assert client.get_object(Bucket=bucket, Key="k2")["Body"].read() == b"through"
+        with proxy.tally.lock:
+            assert proxy.tally.faults[fault] == 1
+            assert proxy.tally.requests == 3
+    finally:
+        client.close()
+        proxy.stop()
 
 
 def run(*arguments: str) -> subprocess.CompletedProcess[str]:
