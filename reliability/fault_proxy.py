@@ -546,11 +546,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         for thread in threads:
             thread.start()
         deadline = started + args.seconds
+        next_line = time.monotonic() + 60
         try:
             while time.monotonic() < deadline and proxy.tally.total() < args.faults:
                 if not any(thread.is_alive() for thread in threads):
                     break
                 time.sleep(0.2)
+                if time.monotonic() >= next_line:  # a line a minute in a long run
+                    next_line += 60
+                    with figures.lock:
+                        saves, states = sum(figures.saves.values()), sum(figures.states.values())
+                        violations = len(figures.violations)
+                    print(
+                        f"[{time.monotonic() - started:.0f}s] faults {proxy.tally.total()}, "
+                        f"saves {saves}, States {states}, violations {violations}",
+                        flush=True,
+                    )
         finally:
             stop.set()
             # The States under way are finished (saved whole, checked) without new faults:
