@@ -383,10 +383,16 @@ class Worker:
         return False
 
     def finish(self, state: State) -> None:
-        """Save what is left, then check that exactly the State in memory is stored."""
+        """Save what is left, check that exactly the State in memory is stored, delete it.
+
+        The delete (directly, not through the proxy) keeps the bucket small: moto lists a
+        prefix by going through every key of the bucket, and would slow down as it grows.
+        """
         if self.save_until_done(state):
             self.check(state, final=True)
         self.store.sent.pop(state.id, None)
+        with contextlib.suppress(KeyError):
+            self.checker.store.delete(state.id)
 
     # The scenarios.
 
