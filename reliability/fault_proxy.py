@@ -40,6 +40,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -467,6 +468,14 @@ def server(url: str | None) -> Iterator[str]:
         yield started
 
 
+def kind_of(violation: str) -> str:
+    """A violation without its State, numbers and details: what kind of promise broke."""
+    text = violation.split(": ", 1)[1]
+    if text.startswith("an undocumented error: "):
+        return "an undocumented error: " + text.split(": ")[1]
+    return re.sub(r"\d+", "N", text.split(" (")[0].split(": ")[0])
+
+
 def report(proxy: FaultProxy, figures: Figures, seconds: float) -> None:
     """Print the figures."""
     with proxy.tally.lock:
@@ -490,6 +499,9 @@ def report(proxy: FaultProxy, figures: Figures, seconds: float) -> None:
             f"States checked: {sum(figures.states.values())} ({states}); agent runs {figures.runs}"
         )
         print(f"violations: {len(figures.violations)}")
+        kinds = Counter(kind_of(v) for v in figures.violations)
+        for kind, n in kinds.most_common():
+            print(f"  {n:>5}  {kind}")
         for violation in figures.violations[:20]:
             print(f"  {violation}")
         if len(figures.violations) > 20:
