@@ -1,0 +1,597 @@
+"""S3 faults between S3Store and the server: nothing acknowledged is lost, only documented errors.
+
+    python reliability/fault_proxy.py [--faults 2000] [--seconds 600] [--seed 1] [--rate 0.15]
+                                      [--workers 4] [--read-timeout 1] [--endpoint URL]
+                                      [--kind KIND ...] [--fake-ack RATE (test only)]
+
+A loopback proxy (reliability/_proxy.py) sits in front of moto's ThreadedMotoServer (started
+here) or ``--endpoint`` (LocalStack) and injects, per request, by a seeded random draw at
+``--rate``: 500, 503 ``SlowDown``, a reset before forwarding, an answer lost after the write
+applied, an answer held past the client's read timeout (``--read-timeout``, set on the
+stores' botocore ``Config``), and outages in which every request fails for a while.
+
+Workers (half sync, half async, each with a store of its own through the proxy) take fresh
+States in turn: an Agent run (``FunctionModel`` calling tools, two at once then one, then a
+reply), or a series of direct saves of messages and ``data``. After any error they go on
+from the State in memory: the run again, or the next save. Every State is checked after each
+error and at its end, by a store that talks to the server directly (not through the proxy):
+
+* nothing acknowledged is lost: every entry a write that returned sent is stored, unchanged,
+  and the stored snapshot is the last acknowledged one or one sent after it;
+* nothing foreign is stored: the entries are seqs 0, 1, 2, ... each one this State sent;
+* the State always loads;
+* only documented errors were raised: plain ``S3StoreError`` (an S3 request failed after
+  botocore's retries). ``ConcurrentWriteError`` or ``StateExistsError`` from a store's own
+  lost answer, or any other error, is a violation;
+* the State can be saved again from memory after an error, and at its end what is stored is
+  exactly the State in memory;
+* no tool ran twice.
+
+It prints the faults injected by kind, the saves acknowledged, the errors by type, the
+States checked and the violations, and exits 1 on a violation. ``--faults`` is the target
+number of injected faults; ``--seconds`` bounds the run either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+from _proxy import KINDS, LABELS, FaultProxy, Plan
+from botocore.config import Config
+
+from alpineagents import Agent, ModelRequest, State
+from alpineagents.testing import FunctionModel, call
+from alpineagents_s3 import S3Store
+from alpineagents_s3.errors import S3StoreError
+from alpineagents_s3.testing import embedded_moto
+
+PREFIX = "fault-proxy"
+# Dummy credentials for moto and LocalStack; never a real account.
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+# A State's saves are tried again from memory this many times before it is a violation.
+ATTEMPTS = 10
+
+
+def documented(error: BaseException) -> bool:
+    """Whether ``error`` is one docs/s3.md allows when S3 requests fail.
+
+    Only a plain ``S3StoreError`` ("any other failure of an S3 request, after botocore's
+    retries"). Its subclasses name a state of the bucket (a second writer, a taken or unknown
+    id, a corrupt object, ...) that faults of the network alone never create.
+    """
+    return type(error) is S3StoreError
+
+
+def describe(error: BaseException) -> str:
+    """An error's type and the first line of its message."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON reads it back, so that what was sent and what is stored compare."""
+    return json.loads(json.dumps(value))
+
+
+# What each State sent, and what was acknowledged --------------------------------------------
+
+
+@dataclass
+class Sent:
+    """Every write of one State, as the store was asked to make it."""
+
+    entries: dict[int, list[Any]] = field(default_factory=dict)  # seq: the versions sent
+    acked: dict[int, Any] = field(default_factory=dict)  # seq: the entry acknowledged
+    snapshots: list[Any] = field(default_factory=list)  # the acked one and those sent since
+    acked_snapshot: Any = None
+    saves: int = 0
+
+
+class Recording(S3Store):
+    """An S3Store that remembers what each write sent and which writes returned."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: dict[str, Sent] = {}
+        self._lock = threading.Lock()
+
+    def _before(
+        self, state_id: str, entries: Sequence[dict[str, Any]], snapshot: dict[str, Any] | None
+    ) -> None:
+        with self._lock:
+            sent = self.sent.setdefault(state_id, Sent())
+            for entry in entries:
+                versions = sent.entries.setdefault(entry["seq"], [])
+                if plain(entry) not in versions:
+                    versions.append(plain(entry))
+            if snapshot is not None:
+                sent.snapshots.append(plain(snapshot))
+
+    def _after(
+        self, state_id: str, entries: Sequence[dict[str, Any]], snapshot: dict[str, Any] | None
+    ) -> None:
+        with self._lock:
+            sent = self.sent[state_id]
+            sent.saves += 1
+            for entry in entries:
+                sent.acked[entry["seq"]] = plain(entry)
+            if snapshot is not None:
+                sent.acked_snapshot = plain(snapshot)
+                sent.snapshots = [sent.acked_snapshot]
+
+    def write(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        """``S3Store.write``, recorded."""
+        self._before(state_id, entries, snapshot)
+        super().write(state_id, entries, snapshot, create=create)
+        self._after(state_id, entries, snapshot)
+
+    async def awrite(
+        self,
+        state_id: str,
+        entries: Sequence[dict[str, Any]],
+        snapshot: dict[str, Any] | None,
+        *,
+        create: bool = False,
+    ) -> None:
+        """``S3Store.awrite``, recorded."""
+        self._before(state_id, entries, snapshot)
+        await super().awrite(state_id, entries, snapshot, create=create)
+        self._after(state_id, entries, snapshot)
+
+
+# The figures -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    """The run's figures, shared by the workers."""
+
+    saves: Counter[str] = field(default_factory=Counter)  # by API
+    errors: Counter[str] = field(default_factory=Counter)  # by type
+    states: Counter[str] = field(default_factory=Counter)  # by scenario
+    runs: int = 0
+    violations: list[str] = field(default_factory=list)  # each told once per State
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _add(self, text: str) -> None:
+        if text not in self.violations:
+            self.violations.append(text)
+
+    def error(self, state_id: str, error: BaseException) -> None:
+        """Count an error raised to the caller; a violation unless documented."""
+        with self.lock:
+            self.errors[type(error).__name__] += 1
+            if not documented(error):
+                self._add(f"{state_id}: an undocumented error: {describe(error)}")
+
+    def violation(self, state_id: str, text: str) -> None:
+        """Record a broken promise."""
+        with self.lock:
+            self._add(f"{state_id}: {text}")
+
+
+class _Catch(logging.Handler):
+    """Collects the errors of the Agent's "saving a tool result failed" warnings, by State."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.caught: dict[str, list[BaseException]] = {}
+        self._lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None and record.args:
+            state_id = str(record.args[0]) if isinstance(record.args, tuple) else "?"
+            with self._lock:
+                self.caught.setdefault(state_id, []).append(record.exc_info[1])
+
+    def take(self, state_id: str) -> list[BaseException]:
+        """The errors caught for one State since the last call."""
+        with self._lock:
+            return self.caught.pop(state_id, [])
+
+
+# The checks ------------------------------------------------------------------------------------
+
+
+class Checker:
+    """Reads States from the server directly and compares them with what was sent."""
+
+    def __init__(self, endpoint: str, bucket: str) -> None:
+        self.store = S3Store(bucket, PREFIX, endpoint_url=endpoint, region_name="us-east-1")
+
+    def check(self, state: State, sent: Sent | None, final: bool) -> list[str]:
+        """The broken promises about one State; ``final``: it was just saved, all of it."""
+        found: list[str] = []
+        try:
+            record = self.store.read(state.id)
+        except Exception as e:
+            return [f"the direct read failed: {describe(e)}"]
+        if sent is None:
+            return [] if record is None else ["stored, though nothing was sent"]
+        if record is None:
+            if sent.acked_snapshot is None:
+                return []  # never acknowledged, never stored: nothing to check
+            return ["an acknowledged State is not stored"]
+        stored = {entry["seq"]: plain(entry) for entry in record.entries}
+        seqs = [entry["seq"] for entry in record.entries]
+        if seqs != list(range(len(seqs))):
+            found.append(f"the stored seqs are {seqs}")
+        for seq, entry in sorted(sent.acked.items()):
+            if seq not in stored:
+                found.append(f"acknowledged entry {seq} ({entry.get('kind')}) is not stored")
+            elif stored[seq] != entry:
+                found.append(f"acknowledged entry {seq} is stored changed: {stored[seq]}")
+        for seq, entry in sorted(stored.items()):
+            if entry not in sent.entries.get(seq, []):
+                found.append(f"stored entry {seq} was never sent: {entry}")
+        snapshot = plain(record.snapshot)
+        if snapshot not in sent.snapshots:
+            found.append(
+                "the stored snapshot is neither the acknowledged one nor one sent since "
+                f"(stored: {snapshot}; acknowledged: {sent.acked_snapshot})"
+            )
+        try:
+            loaded = self.store.load(state.id)
+        except Exception as e:
+            found.append(f"the State does not load: {describe(e)}")
+            return found
+        if final:
+            if len(record.entries) != len(state.history):
+                found.append(
+                    f"{len(record.entries)} entries stored, {len(state.history)} in memory"
+                )
+            if snapshot != sent.acked_snapshot:
+                found.append("the stored snapshot is not the last one acknowledged")
+            memory = [(e.seq, e.kind, e.text) for e in state.history]
+            if [(e.seq, e.kind, e.text) for e in loaded.history] != memory:
+                found.append("the loaded history is not the one in memory")
+            if plain(loaded.data) != plain(state.data):
+                found.append(f"loaded data {loaded.data} != in memory {state.data}")
+        return found
+
+    def close(self) -> None:
+        """Close the direct store."""
+        self.store.close()
+
+
+# The workers -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """What every worker shares."""
+
+    endpoint: str  # the proxy's
+    bucket: str
+    checker_endpoint: str  # the server's
+    read_timeout: float
+    figures: Figures
+    catch: _Catch
+    stop: threading.Event
+
+    def store(self) -> Recording:
+        """A store of its own through the proxy, with the run's read timeout."""
+        config = Config(read_timeout=self.read_timeout, connect_timeout=self.read_timeout)
+        return Recording(
+            self.bucket, PREFIX, endpoint_url=self.endpoint, region_name="us-east-1", config=config
+        )
+
+
+class Worker:
+    """Takes fresh States in turn, sync or async, until the run stops."""
+
+    def __init__(self, run: Run, number: int, mode: str) -> None:
+        self.run = run
+        self.number = number
+        self.mode = mode
+        self.store = run.store()
+        self.checker = Checker(run.checker_endpoint, run.bucket)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.executions: Counter[tuple[str, int]] = Counter()
+
+    # The two APIs, one interface.
+
+    def call(self, sync: Any, coroutine: Any, *args: Any) -> Any:
+        """``sync(*args)``, or ``coroutine(*args)`` on this worker's loop."""
+        if self.loop is None:
+            return sync(*args)
+        return self.loop.run_until_complete(coroutine(*args))
+
+    def save(self, state: State) -> bool:
+        """Save through the proxy."""
+        wrote: bool = self.call(self.store.save, self.store.asave, state)
+        if wrote:
+            with self.run.figures.lock:
+                self.run.figures.saves[self.mode] += 1
+        return wrote
+
+    def main(self) -> None:
+        """Work until the run stops (a thread's target)."""
+        if self.mode == "async":
+            self.loop = asyncio.new_event_loop()
+        n = 0
+        try:
+            while not self.run.stop.is_set():
+                kind = "agent run" if (n + self.number) % 2 == 0 else "direct saves"
+                state_id = f"w{self.number}-{n}-{uuid.uuid4().hex[:6]}"
+                try:
+                    if kind == "agent run":
+                        self.agent_run(state_id)
+                    else:
+                        self.direct_saves(state_id, n)
+                except Exception as e:  # a step outside the checks failed: a violation too
+                    self.run.figures.violation(state_id, f"the worker raised {describe(e)}")
+                with self.run.figures.lock:
+                    self.run.figures.states[kind] += 1
+                n += 1
+        finally:
+            if self.loop is not None:
+                self.loop.run_until_complete(self.store.aclose())
+                self.loop.close()
+            self.store.close()
+            self.checker.close()
+
+    def check(self, state: State, final: bool) -> None:
+        """Compare what the server has with what was sent; record any violation."""
+        sent = self.store.sent.get(state.id)
+        for text in self.checker.check(state, sent, final):
+            self.run.figures.violation(state.id, text)
+
+    def failed(self, state: State, error: BaseException) -> None:
+        """Count an error, then check the State as stored."""
+        self.run.figures.error(state.id, error)
+        for caught in self.run.catch.take(state.id):
+            self.run.figures.error(state.id, caught)
+        self.check(state, final=False)
+
+    def save_until_done(self, state: State) -> bool:
+        """Save from memory until a save returns; whether one did."""
+        for _ in range(ATTEMPTS):
+            try:
+                self.save(state)
+            except Exception as e:
+                self.failed(state, e)
+                time.sleep(0.2)
+                continue
+            return True
+        self.run.figures.violation(state.id, f"no save from memory returned in {ATTEMPTS} tries")
+        return False
+
+    def finish(self, state: State) -> None:
+        """Save what is left, check that exactly the State in memory is stored, delete it.
+
+        The delete (directly, not through the proxy) keeps the bucket small: moto lists a
+        prefix by going through every key of the bucket, and would slow down as it grows.
+        """
+        if self.save_until_done(state):
+            self.check(state, final=True)
+        self.store.sent.pop(state.id, None)
+        with contextlib.suppress(KeyError):
+            self.checker.store.delete(state.id)
+
+    # The scenarios.
+
+    def agent_run(self, state_id: str) -> None:
+        """An Agent runs a State: two tools at once, then one, then a reply."""
+        state = State(f"work through three steps ({state_id})", id=state_id)
+        made = 0
+
+        def work(k: int) -> str:
+            """Do piece of work number k."""
+            self.executions[(state_id, k)] += 1
+            return f"piece {k} done"
+
+        def respond(request: ModelRequest) -> str | list[dict[str, Any]]:
+            nonlocal made
+            turns = sum(1 for m in request.messages if m["role"] == "assistant")
+            if turns >= 2:
+                return "all three steps done"
+            calls = 2 if turns == 0 else 1
+            made += calls
+            return [call("work", k=made - calls + i) for i in range(calls)]
+
+        agent = Agent(FunctionModel(respond), tools=[work], store=self.store)
+        reply = None
+        for _ in range(ATTEMPTS):
+            try:
+                reply = self.call(agent.run, agent.arun, state)
+            except Exception as e:
+                self.failed(state, e)
+                time.sleep(0.1)
+                continue
+            break
+        for error in self.run.catch.take(state_id):
+            self.run.figures.error(state_id, error)
+        with self.run.figures.lock:
+            self.run.figures.runs += 1
+        if reply != "all three steps done":
+            self.run.figures.violation(state_id, f"the run never ended: {reply!r}")
+        for (sid, k), times in self.executions.items():
+            if sid == state_id and times > 1:
+                self.run.figures.violation(state_id, f"tool call {k} ran {times} times")
+        self.executions = Counter({k: v for k, v in self.executions.items() if k[0] != state_id})
+        self.finish(state)
+
+    def direct_saves(self, state_id: str, n: int) -> None:
+        """Many saves of one State: messages, ``data``, or both, each save after the last."""
+        state = State(f"keep saving ({state_id})", id=state_id, data={"step": 0})
+        for step in range(1, 7):
+            kind = (n + step) % 3
+            if kind != 1:
+                for i in range(1 + step % 2):
+                    state.add_user_message(f"message {step}.{i} of {state_id}")
+            if kind != 0:
+                state.data = {"step": step, "note": f"café {step}", "list": list(range(step))}
+            try:
+                self.save(state)
+            except Exception as e:
+                self.failed(state, e)  # the next save goes on from memory
+        self.finish(state)
+
+
+# The run ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def server(url: str | None) -> Iterator[str]:
+    """``url``, or moto's server started in this process."""
+    if url is not None:
+        yield url
+        return
+    with embedded_moto() as started:
+        yield started
+
+
+def kind_of(violation: str) -> str:
+    """A violation without its State, numbers and details: what kind of promise broke."""
+    text = violation.split(": ", 1)[1]
+    if text.startswith("an undocumented error: "):
+        return "an undocumented error: " + text.split(": ")[1]
+    return re.sub(r"\d+", "N", text.split(" (")[0].split(": ")[0])
+
+
+def report(proxy: FaultProxy, figures: Figures, seconds: float) -> None:
+    """Print the figures."""
+    with proxy.tally.lock:
+        faults = Counter(proxy.tally.faults)
+        requests = proxy.tally.requests
+        outages = proxy.tally.outages
+    with figures.lock:
+        total = sum(faults.values())
+        print(f"requests through the proxy: {requests}")
+        print(f"faults injected: {total}")
+        for kind in (*KINDS, "fake-ack"):
+            if faults[kind] or kind in KINDS:
+                extra = f" (in {outages} outages)" if kind == "outage" else ""
+                print(f"  {LABELS[kind]:<32} {faults[kind]:>6}{extra}")
+        saves = ", ".join(f"{api} {n}" for api, n in sorted(figures.saves.items()))
+        print(f"saves acknowledged: {sum(figures.saves.values())} ({saves})")
+        errors = ", ".join(f"{name} {n}" for name, n in figures.errors.most_common()) or "none"
+        print(f"errors raised: {sum(figures.errors.values())} ({errors})")
+        states = ", ".join(f"{kind} {n}" for kind, n in sorted(figures.states.items()))
+        print(
+            f"States checked: {sum(figures.states.values())} ({states}); agent runs {figures.runs}"
+        )
+        print(f"violations: {len(figures.violations)}")
+        kinds = Counter(kind_of(v) for v in figures.violations)
+        for kind, n in kinds.most_common():
+            print(f"  {n:>5}  {kind}")
+        for violation in figures.violations[:20]:
+            print(f"  {violation}")
+        if len(figures.violations) > 20:
+            print(f"  ... and {len(figures.violations) - 20} more")
+        print(f"time: {seconds:.1f}s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the workers through the proxy and print the figures; 1 on a violation."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--endpoint", help="an S3 endpoint (default: moto, started here)")
+    parser.add_argument("--faults", type=int, default=2000, help="the faults to inject")
+    parser.add_argument("--seconds", type=float, default=600.0, help="time bound of the run")
+    parser.add_argument("--seed", type=int, default=1, help="seeds the proxy's draws")
+    parser.add_argument("--rate", type=float, default=0.15, help="the chance of a fault")
+    parser.add_argument("--workers", type=int, default=4, help="half sync, half async")
+    parser.add_argument(
+        "--read-timeout", type=float, default=1.0, help="the stores' botocore read timeout"
+    )
+    parser.add_argument(
+        "--kind", action="append", choices=KINDS, help="only these faults (repeatable)"
+    )
+    # Test only: the runner must see these, and fail.
+    parser.add_argument("--fake-ack", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for key, value in CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    # A tool result saved alone that fails is logged by the Agent; the runner counts it.
+    agent_log = logging.getLogger("alpineagents.agent")
+    agent_log.propagate = False
+    catch = _Catch()
+    agent_log.addHandler(catch)
+    logging.getLogger("alpineagents_s3").propagate = False
+
+    started = time.monotonic()
+    with server(args.endpoint) as url:
+        plan = Plan(
+            rate=args.rate,
+            late_seconds=args.read_timeout + 0.5,
+            kinds=tuple(args.kind or KINDS),
+            fake_ack=args.fake_ack,
+        )
+        proxy = FaultProxy(url, plan, args.seed)
+        proxy.start()
+        bucket = f"fault-proxy-{uuid.uuid4().hex[:12]}"
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+        client.create_bucket(Bucket=bucket)
+        print(
+            f"fault proxy at {proxy.url} in front of {'moto' if not args.endpoint else url} "
+            f"at {url}, bucket {bucket}; seed {args.seed}, rate {args.rate:g}, read timeout "
+            f"{args.read_timeout:g}s, {args.workers} workers; target {args.faults} faults, "
+            f"bound {args.seconds:g}s",
+            flush=True,
+        )
+        figures = Figures()
+        stop = threading.Event()
+        run = Run(proxy.url, bucket, url, args.read_timeout, figures, catch, stop)
+        workers = [Worker(run, i, "sync" if i % 2 == 0 else "async") for i in range(args.workers)]
+        threads = [threading.Thread(target=w.main, name=f"worker {w.number}") for w in workers]
+        for thread in threads:
+            thread.start()
+        deadline = started + args.seconds
+        next_line = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline and proxy.tally.total() < args.faults:
+                if not any(thread.is_alive() for thread in threads):
+                    break
+                time.sleep(0.2)
+                if time.monotonic() >= next_line:  # a line a minute in a long run
+                    next_line += 60
+                    with figures.lock:
+                        saves, states = sum(figures.saves.values()), sum(figures.states.values())
+                        violations = len(figures.violations)
+                    print(
+                        f"[{time.monotonic() - started:.0f}s] faults {proxy.tally.total()}, "
+                        f"saves {saves}, States {states}, violations {violations}",
+                        flush=True,
+                    )
+        finally:
+            stop.set()
+            # The States under way are finished (saved whole, checked) without new faults:
+            # each has already been saved again from memory after each of its errors.
+            plan.paused = True
+            for thread in threads:
+                thread.join()
+            proxy.stop()
+            report(proxy, figures, time.monotonic() - started)
+            client.close()
+    return 1 if figures.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The S3 fault proxy and its runner, against moto's server.
+
+First the instrument: each fault of reliability/_proxy.py, played on every request of a plain
+boto3 client without retries, does what its name says (whether S3 applied the write, what
+the client sees). Then reliability/fault_proxy.py, which starts moto's ThreadedMotoServer and
+its proxy itself, run as a real process for some hundreds of faults of every kind, which
+must give no violation; and once with the proxy acknowledging PUTs it never forwards (saves
+that are acknowledged and lost), which the runner must report, exiting 1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "reliability" / "fault_proxy.py"
+KINDS = (
+    "500 InternalError",
+    "503 SlowDown",
+    "reset before forwarding",
+    "answer lost after the write",
+    "answer after the read timeout",
+    "failed in an outage",
+)
+
+
+def load_proxy_module() -> Any:
+    """reliability/_proxy.py, which is no package: loaded from its file."""
+    spec = importlib.util.spec_from_file_location("_proxy", ROOT / "reliability" / "_proxy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("_proxy", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+# (fault, what botocore raises, whether the PUT was applied)
+FAULTS = [
+    ("500", "InternalError", False),
+    ("503", "SlowDown", False),
+    ("reset", "ConnectionClosedError", False),
+    ("lost", "ConnectionClosedError", True),
+    ("late", "ReadTimeoutError", True),
+    ("outage", None, False),  # a 500, a 503 or a reset
+]
+
+
+@pytest.mark.parametrize(("fault", "raised", "applied"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_fault_does_what_it_says(
+    moto_url: str, moto: S3Client, fault: str, raised: str | None, applied: bool
+) -> None:
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config
+
+    proxy_module = load_proxy_module()
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    moto.create_bucket(Bucket=bucket)
+    plan = proxy_module.Plan(rate=1.0, late_seconds=1.0, kinds=(fault,))
+    proxy = proxy_module.FaultProxy(moto_url, plan, seed=7)
+    proxy.start()
+    config = Config(retries={"total_max_attempts": 1}, read_timeout=0.5, connect_timeout=5)
+    client = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1", config=config)
+    try:
+        started = time.monotonic()
+        with pytest.raises(
+            (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
+        ) as e:
+            client.put_object(Bucket=bucket, Key="k", Body=b"written")
+        if raised is not None:
+            if isinstance(e.value, botocore.exceptions.ClientError):
+                assert e.value.response["Error"]["Code"] == raised
+            else:
+                assert type(e.value).__name__ == raised, repr(e.value)
+        if fault == "late":
+            assert time.monotonic() - started >= 0.5
+        listed = moto.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
+        assert listed == (1 if applied else 0)
+        # Paused, the proxy passes requests on and their answers back.
+        plan.paused = True
+        client.put_object(Bucket=bucket, Key="k2", Body=b"through")
+        assert client.get_object(Bucket=bucket, Key="k2")["Body"].read() == b"through"
+        with proxy.tally.lock:
+            assert proxy.tally.faults[fault] == 1
+            assert proxy.tally.requests == 3
+    finally:
+        client.close()
+        proxy.stop()
+
+
+def run(*arguments: str) -> subprocess.CompletedProcess[str]:
+    # This checkout first on sys.path, so its alpineagents and alpineagents_s3 are the ones run.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, str(RUNNER), *arguments],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def figure(output: str, pattern: str) -> int:
+    found = re.search(pattern, output, re.MULTILINE)
+    assert found, f"{pattern!r} not in:\n{output}"
+    return int(found.group(1))
+
+
+@pytest.mark.slow
+def test_hundreds_of_faults_of_every_kind_lose_nothing_acknowledged() -> None:
+    done = run("--faults", "300", "--seconds", "25", "--rate", "0.3", "--workers", "12")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert out.startswith("fault proxy at http://127.0.0.1:")
+    assert figure(out, r"^violations: (\d+)$") == 0
+    assert figure(out, r"^faults injected: (\d+)$") >= 120
+    for kind in KINDS:
+        assert figure(out, rf"^  {re.escape(kind)} +(\d+)") > 0, kind
+    # Both APIs saved through the proxy, and both kinds of State were checked.
+    assert figure(out, r"^saves acknowledged: \d+ \(async (\d+)") > 0
+    assert figure(out, r"^saves acknowledged: .*sync (\d+)\)$") > 0
+    assert figure(out, r"^States checked: \d+ \(agent run (\d+)") > 0
+    assert figure(out, r"^States checked: .*direct saves (\d+)\)") > 0
+    # Faults that outlast botocore's retries reach the caller, as the documented error only.
+    errors = re.search(r"^errors raised: (\d+) \((.*)\)$", out, re.MULTILINE)
+    assert errors, out
+    if int(errors.group(1)):
+        assert re.fullmatch(r"S3StoreError \d+", errors.group(2)), errors.group(2)
+
+
+@pytest.mark.slow
+def test_the_runner_reports_an_acknowledged_save_that_was_lost() -> None:
+    # No fault but this one: the proxy answers some PUTs 200 without forwarding them.
+    done = run("--faults", "10", "--seconds", "15", "--rate", "0", "--fake-ack", "0.05")
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert figure(out, r"^  PUT acknowledged, not forwarded \(test only\) +(\d+)") > 0
+    violations = figure(out, r"^violations: (\d+)$")
+    assert violations > 0
+    # Each is named by its State and says what broke.
+    listed = re.findall(r"^  w\d+-\d+-[0-9a-f]{6}: (.+)$", out, re.MULTILINE)
+    assert len(listed) == min(violations, 20)
+    assert any(
+        "is not stored" in v or "does not load" in v or "direct read failed" in v for v in listed
+    ), listed
