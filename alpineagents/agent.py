@@ -406,7 +406,8 @@ class Agent:
                 call: Any = _without_surrogates({k: v for k, v in block.items() if k != "input"})
                 where = f"tool input of {call.get('id')} ({call.get('name')})"
                 try:
-                    call["input"] = check_json(block["input"], where)
+                    # In the entry's data: ["content"][i]["input"], three levels down.
+                    call["input"] = check_json(block["input"], where, depth=3)
                 except NotJSONError as e:
                     call["input"] = {}
                     refused.append((call, e))

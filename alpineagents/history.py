@@ -415,15 +415,17 @@ def check_text(text: str, path: str) -> str:
     return text
 
 
-def check_json(value: Any, path: str) -> Any:
+def check_json(value: Any, path: str, depth: int = 0) -> Any:
     """Return ``value`` as plain JSON (tuples become lists), or raise :class:`NotJSONError`.
 
     Refused, with the path to the value (``path`` names the value itself, e.g.
     ``state.data``): types JSON has not, non-string keys, NaN and infinity, text with a lone
     surrogate, ints of more digits than Python reads back (``sys.get_int_max_str_digits``),
-    nesting deeper than :data:`MAX_DEPTH`, and a container that holds itself.
+    nesting deeper than :data:`MAX_DEPTH`, and a container that holds itself. ``depth`` is how
+    many containers down ``value`` will sit in what is saved (a tool call's input sits inside
+    the model's response entry), so that it passes here only if it will pass there.
     """
-    return _checked(value, path, 0, set())
+    return _checked(value, path, depth, set())
 
 
 def _checked(value: Any, path: str, depth: int, within: set[int]) -> Any:

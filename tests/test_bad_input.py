@@ -394,3 +394,34 @@ async def test_s3store_gets_the_same_refusals_and_loads_what_it_saved(
             await store.aclose()
         else:
             store.close()
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH - 4, MAX_DEPTH - 3, MAX_DEPTH - 1])
+def test_tool_input_too_deep_for_the_response_entry_gets_an_error_result(
+    tmp_path: Path, levels: int
+) -> None:
+    """Input that fits on its own but not inside the model's response entry (3 levels down)
+    is refused as input, with an error result the model reads, like any input that cannot be
+    saved: the run goes on (found by tests/test_properties.py)."""
+    deep: Any = None
+    for _ in range(levels):
+        deep = [deep]
+    ran: list[object] = []
+
+    def echo(v: object) -> str:
+        """Echo."""
+        ran.append(v)
+        return "ok"
+
+    def respond(request: ModelRequest) -> Any:
+        if any(m["role"] == "assistant" for m in request.messages):
+            return "done"
+        return [call("echo", v=deep)]
+
+    store = FileStore(tmp_path)
+    state = State("deep input")
+    assert Agent(FunctionModel(respond), tools=[echo], store=store).run(state) == "done"
+    fits = levels + 4 <= MAX_DEPTH  # ["content"][0]["input"]["v"], then the nesting
+    assert len(ran) == (1 if fits else 0)
+    (result,) = [e for e in store.load(state.id).history if e.kind == TOOL_RESULT]
+    assert result.text == "ok" if fits else "tool input of" in result.text

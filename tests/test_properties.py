@@ -8,10 +8,8 @@ Each property holds for FileStore (a temporary folder) and for S3Store on moto's
   ``NotJSONError`` naming the path ``state.data[...]``, writing nothing; and refusing it
   never leaves a State that cannot be saved or loaded;
 * tool input and tool results of any JSON-ish value: the run finishes, the tool runs exactly
-  when its input can be saved, and the State loads back as it ran. One exception, reported
-  in issue 9: input 97-99 levels deep passes the tool-input check but not the check of the
-  model's response entry (3 levels deeper), so the run ends with ``NotJSONError`` naming the
-  path into that entry, the tool not run, and the State still saves and loads;
+  when its input can be saved (inside the model's response entry, 3 levels down), and the
+  State loads back as it ran;
 * a stored object with bytes flipped or cut off is either still read, or refused by ``load``
   with a ``StoreError`` (``CorruptStateError``, ``SchemaVersionError``), never another
   exception.
@@ -290,20 +288,10 @@ def test_tool_input_and_results_never_end_a_run_and_the_state_loads_as_it_ran(
                 return asyncio.run(agent.arun(state))
             return agent.run(state)
 
-        if fits(tool_input, depth=2) and not fits(tool_input, depth=4):
-            # Input the tool-input check lets through but that is too deep inside the model's
-            # response entry (4 levels down): the response cannot be kept, and the run ends
-            # as for any response block that cannot be saved (reported: issue 9).
-            with pytest.raises(NotJSONError, match=re.escape("entry 1['content'][0]['input']")):
-                go()
-            assert ran == []
-            assert [e.kind for e in state.history] == ["task"]
-            store.save(state)
-            assert history_of(store.load(state.id)) == history_of(state)
-            return
         assert go() == "done"
-        # The tool ran exactly when its input could be saved (depth 2: the input, then "v").
-        runs_expected = 1 if fits(tool_input, depth=2) else 0
+        # The tool ran exactly when its input could be saved: in the response entry's data,
+        # ["content"][0]["input"]["v"] is 4 levels down.
+        runs_expected = 1 if fits(tool_input, depth=4) else 0
         assert len(ran) == runs_expected
         [entry] = [e for e in state.history if e.kind == TOOL_RESULT]
         if not runs_expected:
