@@ -7,6 +7,7 @@
     alpineagents import STORE FILE        write an exported State into a store
     alpineagents cp SRC DST [ID...]       copy States between stores (all of them without ids)
     alpineagents mv SRC DST [ID...]       move States: copy, then remove from SRC
+    alpineagents sweep STORE              remove what killed processes left behind
 
 STORE, SRC and DST are a folder (a FileStore), file://PATH, s3://BUCKET/PREFIX
 (pip install alpineagents-s3), or any scheme a plugin registers in the alpineagents.stores
@@ -126,6 +127,18 @@ def _parser() -> argparse.ArgumentParser:
         transfer.add_argument("ids", metavar="ID", nargs="*")
         _on_exists_options(transfer)
         transfer.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    sweep = command(
+        "sweep",
+        "remove what killed processes left behind (never a State, nor a write under way)",
+    )
+    sweep.add_argument("store", metavar="STORE")
+    sweep.add_argument(
+        "--older-than",
+        metavar="AGE",
+        default="1d",
+        help="for stores that go by age (S3): only leftovers older than AGE (30m, 12h, 7d); "
+        "default 1d",
+    )
     return parser
 
 

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 from alpineagents import Agent, FileStore, State, Store, open_store
@@ -591,3 +592,28 @@ def test_help_starts_in_well_under_a_second() -> None:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert cpu < 0.6, f"alpineagents --help used {cpu:.2f} s of CPU ({wall:.2f} s wall)"
+
+
+# sweep ------------------------------------------------------------------------------------
+
+
+def test_sweep_removes_what_killed_processes_left(cli: Any, folder: Path, bucket: str) -> None:
+    create = folder / ".run-9.0123456789abcdef.new"  # a create killed before its rename
+    create.mkdir()
+    (create / "entries.jsonl").write_text("{}\n")
+    run = cli("sweep", str(folder))
+    assert run.status == EXIT_OK, run.err
+    assert run.out == f"removed {create}\n"
+    assert "1 leftover(s) removed" in run.err
+    assert not create.exists()
+    assert [s.id for s in FileStore(folder).list()] == ["run-2", "run-1", "run-0"]
+
+    url = f"s3://{bucket}/runs"
+    client = boto3.client("s3")
+    key = f"runs/never-made/entries/{'ab' * 8}/0000000000.json"  # a create killed on S3
+    client.put_object(Bucket=bucket, Key=key, Body=b'{"seq": 0}')
+    assert cli("sweep", url).out == ""  # younger than a day: maybe a create under way
+    run = cli("sweep", url, "--older-than", "0s")
+    assert run.out == f"removed {key}\n"
+    assert "Contents" not in client.list_objects_v2(Bucket=bucket, Prefix="runs/")
+    assert cli("sweep", url, "--older-than", "soon").status == EXIT_USAGE

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import builtins
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -35,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         "import": import_,
         "cp": transfer,
         "mv": transfer,
+        "sweep": sweep,
     }
     return commands[args.command](args)
 
@@ -245,6 +247,30 @@ def rm(args: argparse.Namespace) -> int:
             except KeyError:
                 raise _not_found(state_id, store, args.store) from None
             print(f"removed {state_id}")
+    return EXIT_OK
+
+
+# sweep --------------------------------------------------------------------------------------
+
+
+def sweep(args: argparse.Namespace) -> int:
+    """Remove leftovers of killed processes, through the store's own ``sweep``."""
+    age = _RELATIVE.fullmatch(args.older_than.strip())
+    if not age:
+        raise CommandError(
+            f"--older-than {args.older_than!r}: give an age (30m, 12h, 7d, 2w)", EXIT_USAGE
+        )
+    seconds = timedelta(**{_UNITS[age[2]]: int(age[1])}).total_seconds()
+    with opened(args.store, must_exist=True) as store:
+        inner = getattr(store, "inner", store)
+        method = getattr(inner, "sweep", None)
+        if method is None:
+            raise CommandError(f"{store!r} has no sweep: it leaves nothing behind", EXIT_USAGE)
+        takes_age = "older_than" in inspect.signature(method).parameters
+        removed = method(older_than=seconds) if takes_age else method()
+        for item in removed:
+            print(f"removed {item}")
+        print(f"{len(removed)} leftover(s) removed from {store!r}", file=sys.stderr)
     return EXIT_OK
 
 
