@@ -378,8 +378,8 @@ def _create(
         layout.fail(outcome, key, "PutObject", "If-None-Match: *")
     current = yield from get_snapshot(layout, state_id, "GetObject (a taken id)")
     if current is not None and current.meta.token in tokens:
-        # An attempt of this very create was applied, but its answer was lost.
-        del ledger.pending_creates[state_id]
+        # An attempt of this very create was applied, but its answer was lost. The pending
+        # create stays until this is done: a failure below leaves it to be tried again.
         landed = current.meta.generation
         if landed != generation:
             # An earlier attempt's: its generation is the State's. Entries it lacks go there.
@@ -391,6 +391,7 @@ def _create(
         logger.debug("%s was created by an earlier attempt of this write", layout.url(key))
         if current.body != body:
             yield from _replace_snapshot(layout, ledger, state_id, body, written)
+        del ledger.pending_creates[state_id]
         return
     ledger.pending_creates.pop(state_id, None)
     yield from delete_keys(layout, written, required=False)
@@ -425,8 +426,12 @@ def _replace_snapshot(
             state_id, body, version.generation, token, version.count, claim, IfMatch=version.etag
         )
         # Its token is ours before it is sent: if the save is cut short while S3 applies it (a
-        # SystemExit from SIGTERM, a cancellation), the next save recognises it.
+        # SystemExit from SIGTERM, a cancellation), the next save recognises it; so does the
+        # next attempt of a create whose answer was lost (bringing its snapshot up to date).
         ledger.versions[state_id] = replace(version, unsure=version.unsure | {token})
+        pending = ledger.pending_creates.get(state_id)
+        if pending is not None:
+            ledger.pending_creates[state_id] = replace(pending, tokens=pending.tokens | {token})
         (outcome,) = yield from layout.send([put])
         if not isinstance(outcome, Exception):
             ledger.versions[state_id] = replace(version, etag=outcome["ETag"], unsure=frozenset())

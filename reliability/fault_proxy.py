@@ -67,8 +67,15 @@ CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-# A State's saves are tried again from memory this many times before it is a violation.
-ATTEMPTS = 10
+# A State's saves (or its run) are tried again from memory this many times, waiting longer
+# each time (``pause``: 0.2 s doubling up to 5 s, about 40 s in all: outages last up to 1.5 s,
+# and a loaded machine answers slowly), before it is a violation.
+ATTEMPTS = 12
+
+
+def pause(attempt: int) -> None:
+    """The wait before try ``attempt + 2``."""
+    time.sleep(min(0.2 * 2**attempt, 5.0))
 
 
 def documented(error: BaseException) -> bool:
@@ -372,12 +379,12 @@ class Worker:
 
     def save_until_done(self, state: State) -> bool:
         """Save from memory until a save returns; whether one did."""
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
             try:
                 self.save(state)
             except Exception as e:
                 self.failed(state, e)
-                time.sleep(0.2)
+                pause(attempt)
                 continue
             return True
         self.run.figures.violation(state.id, f"no save from memory returned in {ATTEMPTS} tries")
@@ -418,12 +425,12 @@ class Worker:
 
         agent = Agent(FunctionModel(respond), tools=[work], store=self.store)
         reply = None
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
             try:
                 reply = self.call(agent.run, agent.arun, state)
             except Exception as e:
                 self.failed(state, e)
-                time.sleep(0.1)
+                pause(attempt)
                 continue
             break
         for error in self.run.catch.take(state_id):

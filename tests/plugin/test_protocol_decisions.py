@@ -375,6 +375,27 @@ def test_a_create_applied_but_unanswered_is_recognised_when_tried_again(
     assert bucket.keys() == before
 
 
+def test_a_create_that_failed_while_taking_over_its_lost_attempt_is_tried_again(
+    bucket: FakeBucket,
+) -> None:
+    """Its first attempt landed unanswered; the second finds it, and fails bringing it up to
+    date; the third must still know the State as its own (found by the fault proxy)."""
+    writer = Writer(bucket)
+    bucket.rules.append(
+        Rule(lambda c: is_snapshot_put(c, "IfNoneMatch"), lambda c: lost(), applied=True)
+    )
+    with pytest.raises(S3StoreError):
+        writer.write("s", entries(0, 2), snapshot(2, "first"), create=True)
+    bucket.rules.append(
+        Rule(lambda c: is_snapshot_put(c, "IfMatch"), lambda c: client_error("InternalError", 500))
+    )
+    with pytest.raises(S3StoreError):
+        writer.write("s", entries(0, 2), snapshot(2, "second"), create=True)
+    writer.write("s", entries(0, 2), snapshot(2, "third"), create=True)  # not StateExistsError
+    assert texts(Writer(bucket).read("s")) == ["m0", "m1"]
+    assert json.loads(bucket.objects[snapshot_key("s")].body)["tag"] == "third"
+
+
 def test_a_create_whose_retry_got_412_is_taken_as_ours(bucket: FakeBucket) -> None:
     # botocore sent the PUT again after the first answer was lost: S3 says 412 to the retry.
     bucket.rules.append(
