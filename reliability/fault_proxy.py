@@ -379,15 +379,20 @@ class Worker:
 
     def save_until_done(self, state: State) -> bool:
         """Save from memory until a save returns; whether one did."""
+        last: Exception | None = None
         for attempt in range(ATTEMPTS):
             try:
                 self.save(state)
             except Exception as e:
                 self.failed(state, e)
+                last = e
                 pause(attempt)
                 continue
             return True
-        self.run.figures.violation(state.id, f"no save from memory returned in {ATTEMPTS} tries")
+        self.run.figures.violation(
+            state.id,
+            f"no save from memory returned in {ATTEMPTS} tries (last: {describe(last) if last else None})",
+        )
         return False
 
     def finish(self, state: State) -> None:
