@@ -389,9 +389,9 @@ class Worker:
                 pause(attempt)
                 continue
             return True
+        why = describe(last) if last else None
         self.run.figures.violation(
-            state.id,
-            f"no save from memory returned in {ATTEMPTS} tries (last: {describe(last) if last else None})",
+            state.id, f"no save from memory returned in {ATTEMPTS} tries (last: {why})"
         )
         return False
 
