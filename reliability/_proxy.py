@@ -14,6 +14,9 @@ draws from a seeded random generator whether to let it through or to play one fa
 
 ``fake-ack`` is for testing the runner, never for judging the store: a PUT is answered 200
 with a made-up ETag and not forwarded, so a save is acknowledged that S3 never saw.
+
+A request with the header ``x-fault-proxy: pass`` meets no fault (it is counted as a request):
+the runner sends it to learn whether a State still saves once S3 answers again.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ LABELS: Final = {
     "fake-ack": "PUT acknowledged, not forwarded (test only)",
 }
 XML: Final = {"Content-Type": "application/xml"}
+PASS_HEADER: Final = "x-fault-proxy"  # its value "pass": let this request through
 # Headers that describe one hop, not the request: never copied to the next hop.
 HOP_HEADERS: Final = frozenset(
     ("connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade")
@@ -131,12 +135,12 @@ class FaultProxy:
         self._server.server_close()
         self._thread.join()
 
-    def choose(self, method: str) -> str | None:
-        """The fault for the next request, or ``None``; counted."""
+    def choose(self, method: str, passing: bool = False) -> str | None:
+        """The fault for the next request, or ``None``; counted. ``passing``: no fault."""
         plan = self.plan
         with self.tally.lock:
             self.tally.requests += 1
-            if plan.paused:
+            if plan.paused or passing:
                 return None
             now = time.monotonic()
             fault: str | None = None
@@ -213,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def relay(self) -> None:
         body = self.read_body()
-        fault = self.owner.choose(self.command)
+        fault = self.owner.choose(self.command, self.headers.get(PASS_HEADER) == "pass")
         if fault == "outage":
             fault = self.owner.outage_failure()
         if fault == "500":
@@ -248,7 +252,11 @@ class _Handler(BaseHTTPRequestHandler):
         host, port = self.owner.upstream
         connection = http.client.HTTPConnection(host, port, timeout=60)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
+            headers = {
+                k: v
+                for k, v in self.headers.items()
+                if k.lower() not in HOP_HEADERS and k.lower() != PASS_HEADER
+            }
             headers["Content-Length"] = str(len(body))
             connection.request(self.command, self.path, body=body, headers=headers)
             response = connection.getresponse()

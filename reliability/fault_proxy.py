@@ -24,7 +24,13 @@ error and at its end, by a store that talks to the server directly (not through 
   botocore's retries). ``ConcurrentWriteError`` or ``StateExistsError`` from a store's own
   lost answer, or any other error, is a violation;
 * the State can be saved again from memory after an error, and at its end what is stored is
-  exactly the State in memory;
+  exactly the State in memory. A State whose saves (or run) failed ``--attempts`` times in a
+  row is tried once more with faults off for its requests (header ``x-fault-proxy: pass``):
+  if that save returns, it is counted ("saved once faults stopped"), not a violation. Under
+  a high fault rate botocore's retry quota (standard mode: 500 units per client, 5 spent per
+  retry, 10 per timeout, 1 earned back per request that succeeds at once) runs out, and
+  botocore then stops retrying: every request fails on its first fault. The run prints how
+  often that happened;
 * no tool ran twice.
 
 It prints the faults injected by kind, the saves acknowledged, the errors by type, the
@@ -51,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
-from _proxy import KINDS, LABELS, FaultProxy, Plan
+from _proxy import KINDS, LABELS, PASS_HEADER, FaultProxy, Plan
 from botocore.config import Config
 
 from alpineagents import Agent, ModelRequest, State
@@ -67,9 +73,10 @@ CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-# A State's saves (or its run) are tried again from memory this many times, waiting longer
-# each time (``pause``: 0.2 s doubling up to 5 s, about 40 s in all: outages last up to 1.5 s,
-# and a loaded machine answers slowly), before it is a violation.
+# A State's saves (or its run) are tried again from memory this many times under faults,
+# waiting longer each time (``pause``: 0.2 s doubling up to 5 s, about 40 s in all: outages
+# last up to 1.5 s, and a loaded machine answers slowly), then once with faults off: a State
+# that does not save then is a violation.
 ATTEMPTS = 12
 
 
@@ -183,6 +190,7 @@ class Figures:
     errors: Counter[str] = field(default_factory=Counter)  # by type
     states: Counter[str] = field(default_factory=Counter)  # by scenario
     runs: int = 0
+    once_faults_stopped: Counter[str] = field(default_factory=Counter)  # saves, runs
     violations: list[str] = field(default_factory=list)  # each told once per State
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -201,6 +209,34 @@ class Figures:
         """Record a broken promise."""
         with self.lock:
             self._add(f"{state_id}: {text}")
+
+
+class _Retries(logging.Handler):
+    """Counts botocore's retries, and the retries its retry quota refused (standard mode)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.retried = 0
+        self.refused = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.msg if isinstance(record.msg, str) else ""
+        if message.startswith("Retry needed, retrying"):
+            self.retried += 1
+        elif message.startswith("Retry needed but retry quota reached"):
+            self.refused += 1
+
+
+class _Warnings(logging.Handler):
+    """Counts the store's warnings (a leftover it could not remove, ...) by their first words."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counted: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.msg if isinstance(record.msg, str) else ""
+        self.counted[message.split(":")[0].split("%")[0].strip()] += 1
 
 
 class _Catch(logging.Handler):
@@ -298,15 +334,34 @@ class Run:
     bucket: str
     checker_endpoint: str  # the server's
     read_timeout: float
+    attempts: int  # tries from memory under faults, before the one with faults off
+    max_attempts: int | None  # botocore's, if not the store's default
     figures: Figures
     catch: _Catch
     stop: threading.Event
 
-    def store(self) -> Recording:
-        """A store of its own through the proxy, with the run's read timeout."""
+    def store(self, passing: threading.Event) -> Recording:
+        """A store of its own through the proxy, with the run's read timeout.
+
+        While ``passing`` is set, its requests ask the proxy for no fault.
+        """
+
+        def mark(request: Any, **kwargs: Any) -> None:
+            if passing.is_set():
+                request.headers[PASS_HEADER] = "pass"
+
         config = Config(read_timeout=self.read_timeout, connect_timeout=self.read_timeout)
+        if self.max_attempts is not None:
+            config = config.merge(
+                Config(retries={"mode": "standard", "total_max_attempts": self.max_attempts})
+            )
         return Recording(
-            self.bucket, PREFIX, endpoint_url=self.endpoint, region_name="us-east-1", config=config
+            self.bucket,
+            PREFIX,
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            config=config,
+            event_hooks={"before-send.s3": mark},
         )
 
 
@@ -317,7 +372,8 @@ class Worker:
         self.run = run
         self.number = number
         self.mode = mode
-        self.store = run.store()
+        self.passing = threading.Event()  # set: this worker's requests meet no fault
+        self.store = run.store(self.passing)
         self.checker = Checker(run.checker_endpoint, run.bucket)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.executions: Counter[tuple[str, int]] = Counter()
@@ -378,9 +434,16 @@ class Worker:
         self.check(state, final=False)
 
     def save_until_done(self, state: State) -> bool:
-        """Save from memory until a save returns; whether one did."""
+        """Save from memory until a save returns; whether one did.
+
+        After ``--attempts`` failed tries, one more with faults off: the State must save once
+        S3 answers again.
+        """
         last: Exception | None = None
-        for attempt in range(ATTEMPTS):
+        attempts = self.run.attempts
+        for attempt in range(attempts + 1):
+            if attempt == attempts:
+                self.passing.set()
             try:
                 self.save(state)
             except Exception as e:
@@ -388,10 +451,17 @@ class Worker:
                 last = e
                 pause(attempt)
                 continue
+            finally:
+                self.passing.clear()
+            if attempt == attempts:
+                with self.run.figures.lock:
+                    self.run.figures.once_faults_stopped["save"] += 1
             return True
         why = describe(last) if last else None
         self.run.figures.violation(
-            state.id, f"no save from memory returned in {ATTEMPTS} tries (last: {why})"
+            state.id,
+            f"no save from memory returned in {attempts} tries, nor once faults stopped "
+            f"(last: {why})",
         )
         return False
 
@@ -430,13 +500,21 @@ class Worker:
 
         agent = Agent(FunctionModel(respond), tools=[work], store=self.store)
         reply = None
-        for attempt in range(ATTEMPTS):
+        attempts = self.run.attempts
+        for attempt in range(attempts + 1):
+            if attempt == attempts:  # the last try with faults off: the run must go on
+                self.passing.set()
             try:
                 reply = self.call(agent.run, agent.arun, state)
             except Exception as e:
                 self.failed(state, e)
                 pause(attempt)
                 continue
+            finally:
+                self.passing.clear()
+            if attempt == attempts:
+                with self.run.figures.lock:
+                    self.run.figures.once_faults_stopped["run"] += 1
             break
         for error in self.run.catch.take(state_id):
             self.run.figures.error(state_id, error)
@@ -488,7 +566,14 @@ def kind_of(violation: str) -> str:
     return re.sub(r"\d+", "N", text.split(" (")[0].split(": ")[0])
 
 
-def report(proxy: FaultProxy, figures: Figures, seconds: float) -> None:
+def report(
+    proxy: FaultProxy,
+    figures: Figures,
+    retries: _Retries,
+    warnings: _Warnings,
+    attempts: int,
+    seconds: float,
+) -> None:
     """Print the figures."""
     with proxy.tally.lock:
         faults = Counter(proxy.tally.faults)
@@ -509,6 +594,14 @@ def report(proxy: FaultProxy, figures: Figures, seconds: float) -> None:
         states = ", ".join(f"{kind} {n}" for kind, n in sorted(figures.states.items()))
         print(
             f"States checked: {sum(figures.states.values())} ({states}); agent runs {figures.runs}"
+        )
+        print(f"botocore retries: {retries.retried}; refused by its retry quota: {retries.refused}")
+        counted = ", ".join(f"{text} {n}" for text, n in warnings.counted.most_common())
+        print(f"store warnings: {sum(warnings.counted.values())} ({counted or 'none'})")
+        stopped = figures.once_faults_stopped
+        print(
+            f"after {attempts} failed tries, saved once faults stopped: saves "
+            f"{stopped['save']}, runs {stopped['run']}"
         )
         print(f"violations: {len(figures.violations)}")
         kinds = Counter(kind_of(v) for v in figures.violations)
@@ -534,6 +627,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--read-timeout", type=float, default=1.0, help="the stores' botocore read timeout"
     )
     parser.add_argument(
+        "--attempts",
+        type=int,
+        default=ATTEMPTS,
+        help="tries from memory under faults before one with faults off",
+    )
+    parser.add_argument(
+        "--max-attempts", type=int, help="botocore's attempts per request (default: the store's)"
+    )
+    parser.add_argument(
         "--kind", action="append", choices=KINDS, help="only these faults (repeatable)"
     )
     # Test only: the runner must see these, and fail.
@@ -546,7 +648,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent_log.propagate = False
     catch = _Catch()
     agent_log.addHandler(catch)
-    logging.getLogger("alpineagents_s3").propagate = False
+    store_log = logging.getLogger("alpineagents_s3")  # counted, not printed
+    store_log.propagate = False
+    warnings = _Warnings()
+    store_log.addHandler(warnings)
+    retries = _Retries()
+    retry_log = logging.getLogger("botocore.retries.standard")  # aiobotocore logs there too
+    retry_log.setLevel(logging.DEBUG)
+    retry_log.propagate = False
+    retry_log.addHandler(retries)
 
     started = time.monotonic()
     with server(args.endpoint) as url:
@@ -570,7 +680,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         figures = Figures()
         stop = threading.Event()
-        run = Run(proxy.url, bucket, url, args.read_timeout, figures, catch, stop)
+        run = Run(
+            proxy.url,
+            bucket,
+            url,
+            args.read_timeout,
+            args.attempts,
+            args.max_attempts,
+            figures,
+            catch,
+            stop,
+        )
         workers = [Worker(run, i, "sync" if i % 2 == 0 else "async") for i in range(args.workers)]
         threads = [threading.Thread(target=w.main, name=f"worker {w.number}") for w in workers]
         for thread in threads:
@@ -587,9 +707,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     with figures.lock:
                         saves, states = sum(figures.saves.values()), sum(figures.states.values())
                         violations = len(figures.violations)
+                        stopped = sum(figures.once_faults_stopped.values())
                     print(
                         f"[{time.monotonic() - started:.0f}s] faults {proxy.tally.total()}, "
-                        f"saves {saves}, States {states}, violations {violations}",
+                        f"saves {saves}, States {states}, violations {violations}; retries "
+                        f"{retries.retried}, refused by the retry quota {retries.refused}; "
+                        f"saved once faults stopped {stopped}",
                         flush=True,
                     )
         finally:
@@ -600,7 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for thread in threads:
                 thread.join()
             proxy.stop()
-            report(proxy, figures, time.monotonic() - started)
+            report(proxy, figures, retries, warnings, args.attempts, time.monotonic() - started)
             client.close()
     return 1 if figures.violations else 0
 

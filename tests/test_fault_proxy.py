@@ -101,6 +101,34 @@ def test_each_fault_does_what_it_says(
         proxy.stop()
 
 
+def test_a_request_marked_pass_meets_no_fault(moto_url: str, moto: S3Client) -> None:
+    import boto3
+    from botocore.config import Config
+
+    proxy_module = load_proxy_module()
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    moto.create_bucket(Bucket=bucket)
+    proxy = proxy_module.FaultProxy(moto_url, proxy_module.Plan(rate=1.0, late_seconds=1.0), 3)
+    proxy.start()
+    config = Config(retries={"total_max_attempts": 1}, connect_timeout=5, read_timeout=5)
+    client = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1", config=config)
+
+    def mark(request: Any, **kwargs: Any) -> None:
+        request.headers[proxy_module.PASS_HEADER] = "pass"
+
+    client.meta.events.register("before-send.s3", mark)
+    try:
+        for i in range(20):  # at rate 1.0 each would meet a fault, unmarked
+            client.put_object(Bucket=bucket, Key=f"k{i}", Body=b"through")
+        assert moto.list_objects_v2(Bucket=bucket)["KeyCount"] == 20
+        with proxy.tally.lock:
+            assert proxy.tally.requests == 20
+            assert sum(proxy.tally.faults.values()) == 0
+    finally:
+        client.close()
+        proxy.stop()
+
+
 def run(*arguments: str) -> subprocess.CompletedProcess[str]:
     # This checkout first on sys.path, so its alpineagents and alpineagents_s3 are the ones run.
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -157,3 +185,19 @@ def test_the_runner_reports_an_acknowledged_save_that_was_lost() -> None:
     assert any(
         "is not stored" in v or "does not load" in v or "direct read failed" in v for v in listed
     ), listed
+
+
+@pytest.mark.slow
+def test_a_state_that_failed_every_try_saves_once_faults_stop() -> None:
+    # Every request fails (500, no botocore retry), so every State's saves and runs fail their
+    # tries under faults; each must then save with faults off, and is counted, not a violation.
+    done = run(
+        "--faults", "100000", "--seconds", "8", "--rate", "1", "--kind", "500",
+        "--attempts", "2", "--max-attempts", "1", "--workers", "2",
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert figure(out, r"^violations: (\d+)$") == 0
+    assert figure(out, r"^after 2 failed tries, saved once faults stopped: saves (\d+)") > 0
+    assert figure(out, r"^after 2 failed tries, .*, runs (\d+)$") > 0
+    assert figure(out, r"^botocore retries: (\d+);") == 0
