@@ -54,11 +54,13 @@ class Fault:
         code: S3's error code (``"NoSuchBucket"``), or the HTTP status when it sent none.
         status: The HTTP status, when known (a DeleteObjects entry has none of its own).
         message: S3's message.
+        quota_spent: botocore did not retry it: the client's retry quota was spent.
     """
 
     code: str
     status: int | None
     message: str
+    quota_spent: bool = False
 
     @classmethod
     def of(cls, error: ClientError) -> Fault:
@@ -67,6 +69,7 @@ class Fault:
             error_code(error) or "?",
             http_status(error),
             str(error.response.get("Error", {}).get("Message", "")),
+            bool(error.response.get("ResponseMetadata", {}).get("RetryQuotaReached")),
         )
 
 
@@ -152,6 +155,11 @@ def translate_fault(fault: Fault, where: Where) -> S3StoreError:
         if rule.matches(fault, where):
             return rule.error(scrub(rule.message.format(**fields)))
     retried = " (after botocore's retries)" if fault.status and fault.status >= 500 else ""
+    if fault.quota_spent:
+        retried = (
+            " (not retried: this client's botocore retry quota is spent, after many failed "
+            "requests; see docs/s3.md, Configuration)"
+        )
     return S3StoreError(
         scrub(
             f"{where.action} {where.url} failed: {fault.code} (HTTP {fault.status}): "

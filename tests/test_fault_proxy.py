@@ -129,6 +129,46 @@ def test_a_request_marked_pass_meets_no_fault(moto_url: str, moto: S3Client) -> 
         proxy.stop()
 
 
+def test_a_spent_retry_quota_is_named_and_the_state_saves_once_s3_answers(
+    moto_url: str, moto: S3Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import botocore.retries.standard
+    from botocore.config import Config
+
+    from alpineagents import State
+    from alpineagents_s3 import S3Store
+    from alpineagents_s3.errors import S3StoreError
+
+    # botocore's backoff between retries, not its retry logic, is cut to nothing.
+    monkeypatch.setattr(botocore.retries.standard.ExponentialBackoff, "delay_amount", lambda *a: 0)
+    proxy_module = load_proxy_module()
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    moto.create_bucket(Bucket=bucket)
+    plan = proxy_module.Plan(rate=1.0, late_seconds=1.0, kinds=("500",))
+    proxy = proxy_module.FaultProxy(moto_url, plan, seed=5)
+    proxy.start()
+    config = Config(retries={"mode": "standard", "total_max_attempts": 5})
+    store = S3Store(bucket, "runs", endpoint_url=proxy.url, region_name="us-east-1", config=config)
+    state = State("a task", id="quota")
+    messages: list[str] = []
+    try:
+        # 4 retries a request, 5 units each: the 500 units last 25 requests.
+        for _ in range(30):
+            with pytest.raises(S3StoreError) as e:
+                store.save(state)
+            assert type(e.value) is S3StoreError
+            messages.append(str(e.value))
+        assert "after botocore's retries" in messages[0]
+        assert "retry quota is spent" not in messages[0]
+        assert "not retried: this client's botocore retry quota is spent" in messages[-1]
+        plan.paused = True  # S3 answers again: the State saves from memory, the quota spent
+        assert store.save(state)
+        assert store.load("quota").task == "a task"
+    finally:
+        store.close()
+        proxy.stop()
+
+
 def run(*arguments: str) -> subprocess.CompletedProcess[str]:
     # This checkout first on sys.path, so its alpineagents and alpineagents_s3 are the ones run.
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
