@@ -232,7 +232,7 @@ def test_a_state_that_failed_every_try_saves_once_faults_stop() -> None:
     # Every request fails (500, no botocore retry), so every State's saves and runs fail their
     # tries under faults; each must then save with faults off, and is counted, not a violation.
     done = run(
-        "--faults", "100000", "--seconds", "8", "--rate", "1", "--kind", "500",
+        "--faults", "100000", "--seconds", "20", "--rate", "1", "--kind", "500",
         "--attempts", "2", "--max-attempts", "1", "--workers", "2",
     )  # fmt: skip
     out = done.stdout
