@@ -8,9 +8,9 @@ For each history length N, a State of N entries (a model reply with a tool call,
 tool result, as in a tool-using run) is saved by each store variant of ``VARIANTS`` and
 loaded again, timed in this process, which does nothing else meanwhile:
 
-* through ``bench/latency_proxy.py`` (a process of its own: +``--delay-ms`` per request, and
-  GETs it answered once are answered from its memory, so that moto's CPU does not count),
-  after one load that fills the proxy's memory;
+* through ``bench/latency_proxy.py`` (a process of its own, ``bench/table_proxy.py``, with
+  Nagle's algorithm off: +``--delay-ms`` per request, and GETs it answered once are answered
+  from its memory, so that moto's CPU does not count), after one load that fills its memory;
 * straight to moto's server (``ThreadedMotoServer``, a process of its own): moto's CPU
   counts there, as it shares this machine's cores with the client;
 * FileStore from its folder (the page cache).
@@ -20,8 +20,10 @@ the history's bytes, through the same path; for FileStore, reading one file of t
 and one ``json.loads``), and over the baseline (S3Store, one object per entry, same path);
 sequential round trips (wall / delay, through the proxy only); requests by kind and bytes
 read, counted by botocore event hooks (``before-send``, and ``Content-Length`` of each
-``after-call``); client CPU (process time of the loading process); peak Python memory of one
-more load (tracemalloc, through the proxy only), also as a multiple of the history's JSON.
+``after-call``); client CPU (process time of the loading process); peak Python memory of the
+first load through the proxy, the one that fills its memory and is not timed (tracemalloc),
+also as a multiple of the history's JSON size. Timed loads stop at ``--repeat`` or once they
+took ``--budget`` seconds, so that N = 10,000 costs one load per row.
 
 The closest peer, Strands Agents' ``S3SessionManager``, runs in its own virtualenv
 (``bash bench/peer/setup.sh``) through ``bench/peer/strands_bench.py``, on the same moto
@@ -310,7 +312,9 @@ class Bench:
                     session=self.session,
                     event_hooks=self.meter.hooks,
                 )
-                assert s3.client  # the client opens here, not in a timed load
+                # The client opens here, and botocore loads what a load uses (a State that
+                # does not exist: one LIST), so that no measured load pays for it.
+                s3.get("warm-up")
                 self.stores[key] = s3
         return self.stores[key]
 
@@ -359,17 +363,17 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
             writer.pack(state.id)  # type: ignore[attr-defined]
         for via in ("proxy", "direct"):
             store = bench.store(variant, via)
+            peak: int | None = None
             if via == "proxy":
-                progress(f"N={n} {variant.name}: a first load fills the proxy's memory")
-                store.load(state.id)
+                # The first load fills the proxy's memory; traced, it gives the peak memory
+                # (the same whoever answers), so no load is spent on that alone.
+                progress(f"N={n} {variant.name}: a first load, traced, fills the proxy's memory")
+                peak = peak_memory(partial(store.load, state.id))
             progress(f"N={n} {variant.name}: loads {via}")
             bench.meter.clear()
             wall, cpu, runs = timed(partial(store.load, state.id), bench.repeat, bench.budget)
             counts = {k: v // runs for k, v in bench.meter.log.counts().items()}
             read = bench.meter.read // runs
-            peak: int | None = None
-            if via == "proxy":
-                peak = peak_memory(partial(store.load, state.id))
             rows.append(Row(n, variant.name, via, wall, cpu, counts, read, peak))
 
     rows += bench_peer_size(bench, n)
@@ -597,7 +601,7 @@ def main() -> None:
     moto_port, proxy_port = free_port(), free_port()
     moto = f"http://127.0.0.1:{moto_port}"
     proxy = f"http://127.0.0.1:{proxy_port}"
-    proxy_args = [sys.executable, str(HERE / "latency_proxy.py"), "--upstream", moto]
+    proxy_args = [sys.executable, str(HERE / "table_proxy.py"), "--upstream", moto]
     proxy_args += ["--delay-ms", str(args.delay_ms), "--port", str(proxy_port)]
     progress(f"moto at {moto}, proxy at {proxy}; sizes {sizes}")
     with (
@@ -637,7 +641,7 @@ def main() -> None:
     print("\n".join(table(rows, args.delay_ms / 1000, json_sizes)))
     print()
     print(f"Per tool-using turn (user message, model call, tool result, model reply), mean of "
-          f"{args.turns} turns after the first:")  # fmt: skip
+          f"{args.turns} turn{'s' if args.turns != 1 else ''} after the first:")  # fmt: skip
     print()
     print("\n".join(turn_table(turn_figures)))
     if args.json is not None:
