@@ -360,7 +360,8 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
         writer = bench.store(variant, "direct")
         writer.save(make_state(n, state.id))
         if variant.pack:
-            writer.pack(state.id)  # type: ignore[attr-defined]
+            assert isinstance(writer, S3Store)
+            writer.pack(state.id)  # type: ignore[attr-defined, unused-ignore]
         for via in ("proxy", "direct"):
             store = bench.store(variant, via)
             peak: int | None = None
