@@ -73,6 +73,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 REPLY = "Let me look that up. " * 20  # ~420 B of model text
 RESULT = "row,value\n" + "alpha,1\nbeta,2\ngamma,3\n" * 60  # ~1.4 KB of tool result
+NOT_INSTALLED = "not installed (bash bench/peer/setup.sh)"
 QUICK_SIZES = "10,100"
 FULL_SIZES = "10,100,1000,10000"
 KINDS = ("GET", "LIST", "HEAD", "PUT", "DELETE")
@@ -294,6 +295,7 @@ class Bench:
     folder: Path
     session: boto3.Session
     peer: Path | None
+    no_peer: str  # what the table says without the peer
     meter: Meter = field(default_factory=Meter)
     stores: dict[tuple[str, str], Store] = field(default_factory=dict)
 
@@ -385,7 +387,7 @@ def bench_peer_size(bench: Bench, n: int) -> list[Row]:
     """The peer's rows for history length ``n`` (one "not installed" row without it)."""
     name = "Strands S3SessionManager"
     if bench.peer is None:
-        return [Row(n, name, "-", note="not installed (bash bench/peer/setup.sh)")]
+        return [Row(n, name, "-", note=bench.no_peer)]
     session = f"peer-{n}"
     progress(f"N={n} {name}: saving {n} messages")
     run_peer(bench.peer, "populate", bench.moto, "--session", session, "--n", str(n))
@@ -458,7 +460,7 @@ def turns_of(bench: Bench, variant: Variant, turns: int) -> TurnFigures:
 def peer_turns(bench: Bench, turns: int) -> TurnFigures:
     name = "Strands S3SessionManager"
     if bench.peer is None:
-        return TurnFigures(name, {}, 0, None, "not installed (bash bench/peer/setup.sh)")
+        return TurnFigures(name, {}, 0, None, bench.no_peer)
     extra = ["--session", "peer-turns", "--turns", str(turns)]
     got = run_peer(bench.peer, "turns", bench.proxy, *extra)
     return TurnFigures(name, got["requests"], got["sent"], None, "")
@@ -597,6 +599,7 @@ def main() -> None:
     variants = [v for v in VARIANTS if v.missing() is None]
     left_out = [f"{v.name}: {v.missing()}" for v in VARIANTS if v.missing() is not None]
     peer = None if args.no_peer else peer_python()
+    no_peer = "left out (--no-peer)" if args.no_peer else NOT_INSTALLED
     revision = commit()  # before the run: files edited meanwhile do not count
 
     moto_port, proxy_port = free_port(), free_port()
@@ -613,7 +616,15 @@ def main() -> None:
         session = boto3.Session()
         session.client("s3", endpoint_url=moto).create_bucket(Bucket=BUCKET)
         bench = Bench(
-            moto, proxy, args.delay_ms / 1000, args.repeat, args.budget, Path(tmp), session, peer
+            moto,
+            proxy,
+            args.delay_ms / 1000,
+            args.repeat,
+            args.budget,
+            Path(tmp),
+            session,
+            peer,
+            no_peer,
         )
         try:
             rows: list[Row] = []
@@ -623,13 +634,13 @@ def main() -> None:
                     json.dumps([entry_to_dict(e) for e in make_state(n, "x").history]).encode()
                 )
                 rows += bench_size(bench, n, variants)
-            progress(f"{args.turns} tool-using turns per store")
+            progress(f"{args.turns} tool-using turn(s) per store")
             turn_figures = [turns_of(bench, v, args.turns) for v in variants]
             turn_figures.append(peer_turns(bench, args.turns))
         finally:
             bench.close()
     load = os.getloadavg()
-    peer_note = f"peer venv {peer}" if peer else "peer not installed"
+    peer_note = f"peer venv {peer}" if peer else f"peer {no_peer}"
     print(
         f"alpineagents {revision}; python {platform.python_version()}, {os.cpu_count()} cores, "
         f"load average {load[0]:.2f} at the end; moto's ThreadedMotoServer and the proxy "
