@@ -1,0 +1,103 @@
+"""A short run of bench/table.py: every store's rows are there and their figures hold together.
+
+The run is the script as a user starts it (its own moto server and latency proxy, both real
+processes), at N = 10, one timed load a row, one counted turn; the peer's virtualenv is
+pointed at a folder that does not exist, so its rows must say "not installed".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DELAY_MS = 20
+
+
+def run_table(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    figures = tmp_path / "figures.json"
+    env = dict(os.environ, PEER_VENV=str(tmp_path / "no-peer"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "table.py"),
+            "--sizes",
+            "10",
+            "--repeat",
+            "1",
+            "--turns",
+            "1",
+            "--delay-ms",
+            str(DELAY_MS),
+            "--json",
+            str(figures),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded: dict[str, Any] = json.loads(figures.read_text())
+    return done.stdout, loaded
+
+
+def test_the_table_has_every_store_and_its_figures_hold_together(tmp_path: Path) -> None:
+    printed, figures = run_table(tmp_path)
+    rows = figures["rows"]
+    size = figures["json_sizes"]["10"]
+    by_key = {(r["store"], r["via"]): r for r in rows}
+
+    # Every row the script promises, and the peer said to be missing rather than left out.
+    for key in [
+        ("floor: 1 GET of all", "proxy"),
+        ("floor: 1 GET of all", "direct"),
+        ("floor: read + json.loads", "disk"),
+        ("FileStore", "disk"),
+        ("S3Store", "proxy"),
+        ("S3Store", "direct"),
+    ]:
+        assert key in by_key, f"no row {key}: {sorted(by_key)}"
+    peer = by_key[("Strands S3SessionManager", "-")]
+    assert peer["wall"] is None
+    assert "not installed" in peer["note"]
+    assert "not installed" in printed
+    # The packed variant runs exactly when S3Store can pack; otherwise it is named as left out.
+    from alpineagents_s3 import S3Store
+
+    can_pack = callable(getattr(S3Store, "pack", None))
+    assert (("S3Store packed", "proxy") in by_key) is can_pack
+    assert any("S3Store packed" in line for line in figures["left_out"]) is not can_pack
+
+    for (store, via), row in by_key.items():
+        if row["wall"] is None:
+            continue
+        assert row["wall"] > 0 and row["cpu"] >= 0, (store, via)
+        if via == "proxy":  # the proxy adds its delay to every request: at least one wait
+            assert row["wall"] >= DELAY_MS / 1000 * 0.95, (store, via, row["wall"])
+        if via != "disk":
+            assert sum(row["requests"].values()) >= 1, (store, via)
+        # Every store reads at least the history's bytes (as JSON, give or take the framing).
+        assert row["read"] >= 0.9 * size, (store, via, row["read"], size)
+    floor = by_key[("floor: 1 GET of all", "proxy")]
+    assert floor["requests"] == {"GET": 1}
+    assert floor["read"] == size
+    # The baseline keeps one object per entry: at least one GET per entry.
+    assert by_key[("S3Store", "proxy")]["requests"]["GET"] >= 10
+    assert by_key[("S3Store", "proxy")]["peak"] > 0
+
+    turns = {t["store"]: t for t in figures["turns"]}
+    assert turns["FileStore"]["sent"] > turns["FileStore"]["entries"] > 0
+    assert turns["S3Store"]["requests"].get("PUT", 0) >= 1
+    assert turns["S3Store"]["sent"] >= turns["S3Store"]["entries"] > 0
+    assert "not installed" in turns["Strands S3SessionManager"]["note"]
+
+    # The printed table is Markdown, one line per row, under one header.
+    table = [line for line in printed.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| N | store | via | wall |")
+    assert len([line for line in table if line.startswith("| 10 |")]) == len(rows)
