@@ -114,6 +114,9 @@ class LatencyProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # TCP_NODELAY: headers and body go out in two sends, and with Nagle's algorithm a
+            # small body waits for the client's delayed acknowledgement (~40 ms on Linux).
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: object) -> None:
                 """Quiet."""

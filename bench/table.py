@@ -8,8 +8,8 @@ For each history length N, a State of N entries (a model reply with a tool call,
 tool result, as in a tool-using run) is saved by each store variant of ``VARIANTS`` and
 loaded again, timed in this process, which does nothing else meanwhile:
 
-* through ``bench/latency_proxy.py`` (a process of its own, ``bench/table_proxy.py``, with
-  Nagle's algorithm off: +``--delay-ms`` per request, and GETs it answered once are answered
+* through ``bench/latency_proxy.py`` (a process of its own, with Nagle's algorithm off:
+  +``--delay-ms`` per request, and GETs it answered once are answered
   from its memory, so that moto's CPU does not count), after one load that fills its memory;
 * straight to moto's server (``ThreadedMotoServer``, a process of its own): moto's CPU
   counts there, as it shares this machine's cores with the client;
@@ -605,7 +605,7 @@ def main() -> None:
     moto_port, proxy_port = free_port(), free_port()
     moto = f"http://127.0.0.1:{moto_port}"
     proxy = f"http://127.0.0.1:{proxy_port}"
-    proxy_args = [sys.executable, str(HERE / "table_proxy.py"), "--upstream", moto]
+    proxy_args = [sys.executable, str(HERE / "latency_proxy.py"), "--upstream", moto]
     proxy_args += ["--delay-ms", str(args.delay_ms), "--port", str(proxy_port)]
     progress(f"moto at {moto}, proxy at {proxy}; sizes {sizes}")
     with (
