@@ -4,9 +4,10 @@ Both follow the usual boto configuration (environment, ``~/.aws``, profiles, ins
 unless the store was given a session, endpoint or region; both get the store's retry defaults,
 a connection pool as large as its concurrency, and the user's botocore event hooks.
 
-A store given no session makes a new one for each client, which reads the environment, the
-profile and the credentials as they are at that moment. Those sessions share their service
-models (see ``SharedModels``): loading them is most of what a new session's first client costs.
+A store given no session makes a session of its own with its sync client (and one for its
+async clients), which reads the environment, the profile and the credentials as they are at that
+moment. Those sessions share their service models (see ``SharedModels``): loading them is most
+of what a new session's first client costs.
 """
 
 from __future__ import annotations
@@ -36,20 +37,26 @@ class SharedModels:
 
     A botocore session keeps the JSON models it loads (the S3 service model, its endpoint
     rules, the partitions: ~13 MB and ~100 ms of CPU) in its loader, so every new session loads
-    them again for its first client. The sessions S3Store makes (one per client of a store given
-    no ``session=``) hand their botocore session this loader instead of their own; everything
-    else (environment, profile, region, credentials, event handlers) stays their own.
+    them again for its first client. The sessions S3Store makes (for stores given no session)
+    hand their botocore session this loader instead of their own; everything else (environment,
+    profile, region, credentials, event handlers) stays their own.
 
     Loaders are keyed by their search paths, so ``AWS_DATA_PATH`` or a profile's ``data_path``
     gets a loader of its own. The first session of a search path gives its loader, and makes
     its first client under the lock: threads that start together wait for it instead of each
-    loading the same models. Later clients are made concurrently; the loader's cache is a dict,
-    filled once and then only read, as it is when one session makes many clients.
+    loading the same models (and, should that client's credentials come from the network, for
+    them too, once). Later clients are made concurrently; the loader's cache is a dict, filled
+    once and then only read, as it is when one session makes many clients.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loaders: dict[tuple[type, tuple[str, ...]], Loader] = {}
+        # A child forked while another thread held the lock would wait for it forever.
+        os.register_at_fork(after_in_child=self._new_lock)
+
+    def _new_lock(self) -> None:
+        self._lock = threading.Lock()
 
     def make_client(self, session: Any, make: Callable[[], T]) -> T:
         """``make()`` a client of ``session`` (one of ours) after giving it the shared loader."""

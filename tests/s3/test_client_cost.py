@@ -9,8 +9,12 @@ where botocore reads a model file, in the threads of the test (moto's server loa
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import threading
+import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -235,3 +239,27 @@ async def test_eight_tasks_open_stores_at_once(
     with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
         assert store.read("a1") is not None
     assert loads.of() == []
+
+
+def test_a_child_forked_while_the_lock_was_held_opens_stores(
+    moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    bucket = moto_bucket()
+    with MODELS._lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads (3.12+)
+        child = os.fork()
+        if child == 0:  # the child: only this thread, and a lock nobody will release
+            code = 1
+            try:
+                with S3Store(bucket, endpoint_url=moto_url) as store:
+                    code = 0 if store.read("nothing") is None else 1
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(child, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done == (0, 0):
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child waited for the lock")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
