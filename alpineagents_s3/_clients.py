@@ -3,14 +3,20 @@
 Both follow the usual boto configuration (environment, ``~/.aws``, profiles, instance roles)
 unless the store was given a session, endpoint or region; both get the store's retry defaults,
 a connection pool as large as its concurrency, and the user's botocore event hooks.
+
+A store given no session makes a session of its own with its sync client (and one for its
+async clients), which reads the environment, the profile and the credentials as they are at that
+moment. Those sessions share their service models (see ``SharedModels``): loading them is most
+of what a new session's first client costs.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 import boto3
@@ -18,9 +24,78 @@ import botocore.session
 from botocore.config import Config
 from botocore.configprovider import ConfiguredEndpointProvider
 from botocore.exceptions import BotoCoreError
+from botocore.loaders import Loader
 
 # Used unless AWS_RETRY_MODE / AWS_MAX_ATTEMPTS or the profile's config say otherwise.
 DEFAULT_RETRIES: Final = {"mode": "standard", "total_max_attempts": 5}
+
+T = TypeVar("T")
+
+
+class SharedModels:
+    """One botocore loader per search path, shared by the sessions the stores make themselves.
+
+    A botocore session keeps the JSON models it loads (the S3 service model, its endpoint
+    rules, the partitions: ~13 MB and ~100 ms of CPU) in its loader, so every new session loads
+    them again for its first client. The sessions S3Store makes (for stores given no session)
+    hand their botocore session this loader instead of their own; everything else (environment,
+    profile, region, credentials, event handlers) stays their own.
+
+    Loaders are keyed by their search paths, so ``AWS_DATA_PATH`` or a profile's ``data_path``
+    gets a loader of its own. The first session of a search path gives its loader, and makes
+    its first client under the lock: threads that start together wait for it instead of each
+    loading the same models (and, should that client's credentials come from the network, for
+    them too, once). Later clients are made concurrently; the loader's cache is a dict, filled
+    once and then only read, as it is when one session makes many clients.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaders: dict[tuple[type, tuple[str, ...]], Loader] = {}
+        # A child forked while another thread held the lock would wait for it forever.
+        os.register_at_fork(after_in_child=self._new_lock)
+
+    def _new_lock(self) -> None:
+        self._lock = threading.Lock()
+
+    def make_client(self, session: Any, make: Callable[[], T]) -> T:
+        """``make()`` a client of ``session`` (one of ours) after giving it the shared loader."""
+        core = botocore_session(session)
+        key = _loader_key(core)
+        with self._lock:
+            if key not in self._loaders:
+                self._loaders[key] = core.get_component("data_loader")
+                return make()
+            shared = self._loaders[key]
+        core.register_component("data_loader", shared)
+        return make()
+
+    def adopt(self, session: Any) -> None:
+        """Give ``session`` (one of ours) the shared loader, or make its loader the shared one.
+
+        For aioboto3 sessions, whose clients are made later, in an event loop.
+        """
+        core = botocore_session(session)
+        key = _loader_key(core)
+        own = core.get_component("data_loader")
+        with self._lock:
+            shared = self._loaders.setdefault(key, own)
+        if shared is not own:
+            core.register_component("data_loader", shared)
+
+    def clear(self) -> None:
+        """Forget the loaders (the next session's loader becomes the shared one again)."""
+        with self._lock:
+            self._loaders.clear()
+
+
+def _loader_key(core: botocore.session.Session) -> tuple[type, tuple[str, ...]]:
+    loader = core.get_component("data_loader")
+    return type(loader), tuple(loader.search_paths)
+
+
+#: The process's shared models (see SharedModels).
+MODELS: Final = SharedModels()
 
 
 @dataclass
@@ -38,9 +113,14 @@ class Clients:
     describe: Callable[[], str]  # the store, for messages
 
     def make_sync(self) -> Any:
-        """A boto3 S3 client."""
-        session = self.session or boto3.Session()
-        client = session.client("s3", **self._client_kwargs(session))
+        """A boto3 S3 client: of the given session, else of a new one with the shared models."""
+        if self.session is not None:
+            client = self.session.client("s3", **self._client_kwargs(self.session))
+        else:
+            session = boto3.Session()
+            client = MODELS.make_client(
+                session, lambda: session.client("s3", **self._client_kwargs(session))
+            )
         self.prepare(client)
         return client
 
@@ -51,10 +131,12 @@ class Clients:
             # The async side follows the sync session's profile and region, if one was given.
             given = self.session
             core = botocore_session(given) if given is not None else None
-            self.aio_session = aioboto3.Session(
+            made = aioboto3.Session(
                 profile_name=core.profile if core is not None else None,
                 region_name=given.region_name if given is not None else None,
             )
+            MODELS.adopt(made)
+            self.aio_session = made
         return self.aio_session.client("s3", **self._client_kwargs(self.aio_session))
 
     def prepare(self, client: Any) -> None:

@@ -70,7 +70,11 @@ class S3Store(Store):
             configured one (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the profile), else AWS.
         region_name: Default: the configured region.
         client: A boto3 S3 client for the sync methods (not closed by the store).
-        session: A ``boto3.Session`` to make the sync client with (e.g. a profile).
+        session: A ``boto3.Session`` to make the sync client with (e.g. a profile). Default:
+            a new session made with the sync client, so the environment, profile and
+            credentials are read as they are then (the async side makes one of its own). The
+            sessions stores make share the service models the process has loaded: the first
+            client loads them (~13 MB), later stores' clients do not.
         aio_session: An ``aioboto3.Session`` to make the async clients with. Default: one
             with the profile and region of ``session``, if given.
         config: A ``botocore.config.Config`` merged over the store's defaults: retries in
