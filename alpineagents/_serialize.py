@@ -212,7 +212,7 @@ def snapshot_of(state: State) -> dict[str, Any]:
     themselves, so its size does not grow with the conversation.
     """
     return {
-        "v": SCHEMA_VERSION,
+        "v": _FIRST_VERSION,  # its form has not changed since
         "id": state.id,
         "task": state.task,
         "entries": len(state.history),

@@ -79,7 +79,7 @@ SNAPSHOT = "snapshot.json"
 # A whole new snapshot, renamed to SNAPSHOT once that is removed (see the module docstring).
 NEXT = ".snapshot.json.next"
 # How much of entries.jsonl a load reads and parses at a time.
-_READ_CHUNK = 1 << 20
+_READ_CHUNK = 1 << 18
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _CHUNK = 64 * 1024
@@ -665,13 +665,17 @@ def _read_entries(file: BinaryIO, path: Path) -> list[Any]:
         if not end:
             held.append(chunk)
             continue
-        lines = b"".join([*held, chunk[:end]]) if held else chunk[:end]
+        if held:
+            held.append(chunk[:end])
+            lines = b"".join(held)
+            _parse_lines(memoryview(lines), path, entries)
+        else:
+            _parse_lines(memoryview(chunk)[:end], path, entries)
         held = [chunk[end:]] if end < len(chunk) else []
-        _parse_lines(lines, path, entries)
     return entries
 
 
-def _parse_lines(lines: bytes, path: Path, entries: list[Any]) -> None:
+def _parse_lines(lines: memoryview, path: Path, entries: list[Any]) -> None:
     """Append the JSON values of ``lines`` (whole lines, each ending with a newline).
 
     The lines are parsed in one ``json.loads`` call, joined by commas into one JSON array (as
@@ -683,15 +687,16 @@ def _parse_lines(lines: bytes, path: Path, entries: list[Any]) -> None:
     a file written that way on purpose has; its values are then checked as entries anyway.)
     """
     try:
-        text = lines.decode("utf-8", "surrogatepass")  # as json.loads decodes bytes
+        text = str(lines, "utf-8", "surrogatepass")  # as json.loads decodes bytes
+        count = text.count("\n")
         values = json.loads("[" + text[:-1].replace("\n", ",") + "]")
     except (ValueError, RecursionError):
-        values = None
-    if isinstance(values, list) and len(values) == lines.count(b"\n"):
+        values = count = None
+    if isinstance(values, list) and len(values) == count:
         entries.extend(values)
         return
     first = len(entries) + 1
-    for number, line in enumerate(lines.split(b"\n")[:-1], first):
+    for number, line in enumerate(lines.tobytes().split(b"\n")[:-1], first):
         entries.append(loads(line, f"line {number} of {path}"))
 
 
