@@ -20,6 +20,7 @@ finishes the rename. Where ``snapshot.json`` exists, it is the snapshot, and a
 ``.snapshot.json.next`` beside it is a save that did not happen. With ``fsync=True`` (and on
 Windows) the snapshot is replaced by one ``os.replace``, as the flush is wanted there anyway.
 A save whose snapshot is byte for byte the one on disk does not replace it.
+
 Files are ``0600`` and folders ``0700`` whatever the umask (the folders it makes above the
 store's path too): history holds tool results and messages.
 
