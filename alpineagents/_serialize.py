@@ -2,18 +2,24 @@
 
 Every store keeps what this module produces and nothing else: history entries as small JSON
 dicts (each with its ``seq``) and one snapshot dict with the rest of the State. Both carry the
-schema version, so a newer format is refused instead of misread.
+schema version (``v``), so a newer format is refused instead of misread.
+
+An object carries the oldest schema version that reads it. That is 1, except for a model
+entry whose text is its content's text blocks joined (as the Agent records every response):
+it keeps the text once, in the blocks, without a ``text`` field, and carries 2, so that an
+alpineagents from before asks to be upgraded instead of calling the entry damaged. Entries
+with ``text`` (of any kind, and of every version so far) load as they always did.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
 import re
 from collections.abc import Sequence
 from datetime import datetime
+from operator import attrgetter
 from typing import Any, Final, cast, get_args
 
 import pydantic_core
@@ -22,21 +28,28 @@ from pydantic import BaseModel
 from alpineagents.errors import CorruptStateError, NotJSONError, SchemaVersionError
 from alpineagents.history import (
     KINDS,
+    MODEL,
     TASK,
     EntryKind,
+    check_model_data,
     check_stored_data,
     check_text,
     is_int,
+    model_text,
     shown,
 )
 from alpineagents.history import check_json as check_json
 from alpineagents.state import HistoryEntry, State, StoppedBy, validate_id
 
-SCHEMA_VERSION: Final = 1
+# The newest schema version this alpineagents reads (and writes, where it must).
+SCHEMA_VERSION: Final = 2
+# The version of every object that a version-1 alpineagents reads as well.
+_FIRST_VERSION: Final = 1
 
 _SNAPSHOT_KEYS: Final = ("id", "task", "entries", "data", "created_at", "updated_at")
 _STOPS: Final = get_args(StoppedBy)
 _KIND: Final = re.compile(r"[a-z][a-z0-9_]*")
+_SEQ: Final = attrgetter("seq")
 
 
 def answer_to_json(value: Any, path: str = "answer") -> Any:
@@ -79,14 +92,26 @@ def loads(raw: bytes | str, where: str) -> Any:
 
 
 def entry_to_dict(entry: HistoryEntry) -> dict[str, Any]:
-    """One history entry as a JSON dict (``error`` is not kept; ``text`` describes it)."""
+    """One history entry as a JSON dict (``error`` is not kept; ``text`` describes it).
+
+    A model entry whose text is its text blocks joined keeps the text once, in the blocks.
+    """
+    data = copy.deepcopy(entry.data)  # a store may keep the dict: it must not share it
+    if entry.kind == MODEL and model_text(data.get("content", [])) == entry.text:
+        return {
+            "v": SCHEMA_VERSION,
+            "seq": entry.seq,
+            "kind": entry.kind,
+            "at": entry.at.isoformat(),
+            "data": data,
+        }
     return {
-        "v": SCHEMA_VERSION,
+        "v": _FIRST_VERSION,
         "seq": entry.seq,
         "kind": entry.kind,
         "text": entry.text,
         "at": entry.at.isoformat(),
-        "data": copy.deepcopy(entry.data),  # a store may keep the dict: it must not share it
+        "data": data,
     }
 
 
@@ -102,12 +127,19 @@ class DamagedStateError(CorruptStateError):
         self.detail = detail
 
 
+_ABSENT: Final = object()
+
+
 def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
     """Rebuild a history entry, checking every field alpineagents reads.
 
     ``owner`` names the State (``State 'x'``) and ``position`` is where the entry was in
     what the store read. A damaged entry raises :class:`DamagedStateError` naming the entry
-    by its seq once that is known, and the field by its path.
+    by its seq once that is known, and the field by its path. A model entry without
+    ``text`` gets the text of its text blocks.
+
+    A load calls this for every entry: the usual case takes the first branch of each check
+    and builds no message.
     """
     if not isinstance(raw, dict):
         raise DamagedStateError(
@@ -115,32 +147,59 @@ def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
             f"the history entry read at position {position} must be an alpineagents history "
             f"entry (a dict), not {shown(raw)}",
         )
-    _check_version(raw, f"{owner}, the history entry read at position {position}")
+    version = raw.get("v")
+    if type(version) is not int or version > SCHEMA_VERSION:
+        _check_version(raw, f"{owner}, the history entry read at position {position}")
     seq = raw.get("seq")
-    if not is_int(seq) or seq < 0:
+    if (type(seq) is not int and not is_int(seq)) or seq < 0:
         raise DamagedStateError(
             owner,
             f"the history entry read at position {position}: seq must be an int >= 0, "
             f"not {shown(seq)}",
         )
-    part = f"history entry {seq}"
-    kind, data = raw.get("kind"), raw.get("data")
-    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+    kind = raw.get("kind")
+    if not (type(kind) is str and kind in KINDS) and (
+        not isinstance(kind, str) or not _KIND.fullmatch(kind)
+    ):
         # Any name passes: a kind this version does not know (a newer one's) is kept in
         # history, out of the model's context, and a resume does not replay past it.
         raise DamagedStateError(
-            owner, f"{part}: kind must be a kind such as {sorted(KINDS)}, not {shown(kind)}"
+            owner,
+            f"history entry {seq}: kind must be a kind such as {sorted(KINDS)}, not {shown(kind)}",
         )
-    part = f"{part} ({kind})"
-    text = _checked_str(raw.get("text"), owner, part, "text")
+    text = raw.get("text", _ABSENT)
+    derived = text is _ABSENT and kind == MODEL
+    if not derived and (type(text) is not str or not text.isascii()):
+        text = _checked_str(None if text is _ABSENT else text, owner, _part(seq, kind), "text")
+    data = raw.get("data")
     if not isinstance(data, dict):
-        raise DamagedStateError(owner, f"{part}: data must be a dict, not {shown(data)}")
+        raise DamagedStateError(
+            owner, f"{_part(seq, kind)}: data must be a dict, not {shown(data)}"
+        )
     try:
-        check_stored_data(kind, data, seq)
+        if kind == MODEL:
+            blocks_text = check_model_data(data)
+            if derived:
+                text = blocks_text
+        else:
+            check_stored_data(kind, data, seq)
     except ValueError as e:
-        raise DamagedStateError(owner, f"{part}: {e}") from None
-    when = _time(raw.get("at"), owner, part, "at")
+        raise DamagedStateError(owner, f"{_part(seq, kind)}: {e}") from None
+    if derived and not text.isascii():
+        text = _checked_str(text, owner, _part(seq, kind), "the text of data['content']")
+    at = raw.get("at")
+    try:
+        when = datetime.fromisoformat(at) if type(at) is str else _time(at)
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise _bad_time(owner, _part(seq, kind), "at", at)
     return HistoryEntry(seq, cast(EntryKind, kind), text, data, None, when)
+
+
+def _part(seq: int, kind: str) -> str:
+    """An entry as a message names it: ``history entry 3 (tool_result)``."""
+    return f"history entry {seq} ({kind})"
 
 
 # Snapshots --------------------------------------------------------------------------------
@@ -153,7 +212,7 @@ def snapshot_of(state: State) -> dict[str, Any]:
     themselves, so its size does not grow with the conversation.
     """
     return {
-        "v": SCHEMA_VERSION,
+        "v": _FIRST_VERSION,  # its form has not changed since
         "id": state.id,
         "task": state.task,
         "entries": len(state.history),
@@ -206,9 +265,8 @@ def state_from_record(
     values = _snapshot_values(snapshot, state_id, owner)
     covered = values["entries"]
 
-    history = sorted(
-        (entry_from_dict(raw, owner, i) for i, raw in enumerate(entries)), key=lambda e: e.seq
-    )
+    history = [entry_from_dict(raw, owner, i) for i, raw in enumerate(entries)]
+    history.sort(key=_SEQ)
     for position, entry in enumerate(history):
         if entry.seq < position:
             raise DamagedStateError(owner, f"history entry {entry.seq}: stored twice")
@@ -294,8 +352,8 @@ def _snapshot_values(snapshot: Any, state_id: str, owner: str) -> dict[str, Any]
         "stop_seq": stop_seq,
         "answer": _stored_json(snapshot.get("answer"), owner, part, "answer"),
         "agent": _agent(snapshot.get("agent"), owner, part),
-        "created_at": _time(snapshot["created_at"], owner, part, "created_at"),
-        "updated_at": _time(snapshot["updated_at"], owner, part, "updated_at"),
+        "created_at": _checked_time(snapshot["created_at"], owner, part, "created_at"),
+        "updated_at": _checked_time(snapshot["updated_at"], owner, part, "updated_at"),
     }
 
 
@@ -337,18 +395,29 @@ def _checked_str(value: Any, owner: str, part: str, field: str) -> str:
         raise DamagedStateError(owner, f"{part}: {e}") from None
 
 
-def _time(value: Any, owner: str, part: str, field: str) -> datetime:
-    """A stored ISO 8601 time with its timezone."""
-    when = None
+def _time(value: Any) -> datetime | None:
+    """A stored ISO 8601 time with its timezone, or ``None``."""
     if isinstance(value, str):
-        with contextlib.suppress(ValueError):
+        try:
             when = datetime.fromisoformat(value)
-    if when is None or when.tzinfo is None:
-        raise DamagedStateError(
-            owner,
-            f"{part}: {field} must be an ISO 8601 time with a timezone, not {shown(value)}",
-        )
+        except ValueError:
+            return None
+        if when.tzinfo is not None:
+            return when
+    return None
+
+
+def _checked_time(value: Any, owner: str, part: str, field: str) -> datetime:
+    when = _time(value)
+    if when is None:
+        raise _bad_time(owner, part, field, value)
     return when
+
+
+def _bad_time(owner: str, part: str, field: str, value: Any) -> DamagedStateError:
+    return DamagedStateError(
+        owner, f"{part}: {field} must be an ISO 8601 time with a timezone, not {shown(value)}"
+    )
 
 
 def check_stored(obj: Any, where: str) -> dict[str, Any]:

@@ -3,11 +3,24 @@
 Layout under the store's path::
 
     <id>/entries.jsonl   history entries, one JSON line each, only ever appended
-    <id>/snapshot.json   the rest of the State, replaced atomically (temp file + os.replace)
+    <id>/snapshot.json   the rest of the State, replaced whole (see "Replacing the snapshot")
 
 A process killed while appending can leave a torn last line; it has no newline, is dropped
 when read and cut off before the next append. A new State is written in a hidden folder and
 renamed into place, so creating it is all or nothing and exclusive between processes.
+
+Replacing the snapshot. A save writes the new snapshot to ``.snapshot.json.<hex>.tmp`` and
+renames it to ``.snapshot.json.next``, so that file only ever holds a whole snapshot; then it
+removes ``snapshot.json`` and renames ``.snapshot.json.next`` to it. Renaming onto an existing
+file would do it in one step, but ext4 (``auto_da_alloc``) then starts writing the new file's
+data to disk first, about a millisecond per save; renaming onto no file costs nothing of the
+kind. A process killed between the two leaves no ``snapshot.json`` but a whole
+``.snapshot.json.next``: a load reads that one, and the next save (or :meth:`FileStore.sweep`)
+finishes the rename. Where ``snapshot.json`` exists, it is the snapshot, and a
+``.snapshot.json.next`` beside it is a save that did not happen. With ``fsync=True`` (and on
+Windows) the snapshot is replaced by one ``os.replace``, as the flush is wanted there anyway.
+A save whose snapshot is byte for byte the one on disk does not replace it.
+
 Files are ``0600`` and folders ``0700`` whatever the umask (the folders it makes above the
 store's path too): history holds tool results and messages.
 
@@ -31,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -41,7 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Final
 
 from alpineagents._serialize import dumps, loads
 from alpineagents.errors import (
@@ -63,6 +77,10 @@ logger = logging.getLogger(__name__)
 
 ENTRIES = "entries.jsonl"
 SNAPSHOT = "snapshot.json"
+# A whole new snapshot, renamed to SNAPSHOT once that is removed (see the module docstring).
+NEXT = ".snapshot.json.next"
+# How much of entries.jsonl a load reads and parses at a time.
+_READ_CHUNK = 1 << 18
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _CHUNK = 64 * 1024
@@ -170,10 +188,7 @@ class FileStore(Store):
     ) -> None:
         """The write of a State that exists, with the folder locked."""
         path = folder / ENTRIES
-        try:
-            current = _digest((folder / SNAPSHOT).read_bytes())
-        except FileNotFoundError:
-            raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
+        current = _digest(self._finished_snapshot(folder))
         body = None if snapshot is None else dumps(snapshot)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
         try:
@@ -189,10 +204,9 @@ class FileStore(Store):
             os.close(fd)
         tried = seen.tried if seen is not None else frozenset()
         self._seen[state_id] = _Seen(here, count, current, tried)
-        if body is not None:
-            new = _digest(body)
+        if body is not None and (new := _digest(body)) != current:
             self._seen[state_id] = _Seen(here, count, current, tried | {new})
-            self._replace(folder / SNAPSHOT, body)
+            self._replace_snapshot(folder, body)
             self._seen[state_id] = _Seen(here, count, new)
 
     def _check(
@@ -278,7 +292,9 @@ class FileStore(Store):
                 try:
                     os.chmod(staging, _DIR_MODE)
                     count = self._append(staging / ENTRIES, entries)
-                    self._replace(staging / SNAPSHOT, body)
+                    self._write_file(staging / SNAPSHOT, body)  # no one sees it before the rename
+                    if self.fsync:
+                        _fsync_dir(staging)
                     try:
                         # Atomic, and fails if another process renamed its folder there first.
                         os.rename(staging, folder)
@@ -334,9 +350,35 @@ class FileStore(Store):
             os.fsync(fd)
         return expected
 
-    def _replace(self, path: Path, data: bytes) -> None:
-        temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+    def _replace_snapshot(self, folder: Path, body: bytes) -> None:
+        """Replace the snapshot of a locked State folder (see the module docstring)."""
+        temp = folder / f".{SNAPSHOT}.{uuid.uuid4().hex[:12]}.tmp"
+        self._write_file(temp, body)
+        if self.fsync or sys.platform == "win32":
+            os.replace(temp, folder / SNAPSHOT)
+            if self.fsync:
+                _fsync_dir(folder)
+            return
+        os.replace(temp, folder / NEXT)  # onto no file, unless a killed save left one
+        os.unlink(folder / SNAPSHOT)
+        os.replace(folder / NEXT, folder / SNAPSHOT)
+
+    def _finished_snapshot(self, folder: Path) -> bytes:
+        """The snapshot of a State folder locked for writing, after finishing a cut-short rename."""
+        try:
+            return (folder / SNAPSHOT).read_bytes()
+        except FileNotFoundError:
+            pass
+        try:
+            os.replace(folder / NEXT, folder / SNAPSHOT)
+        except FileNotFoundError:
+            raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
+        logger.info("%s: finished replacing the snapshot, cut short by a killed process", folder)
+        return (folder / SNAPSHOT).read_bytes()
+
+    def _write_file(self, path: Path, data: bytes) -> None:
+        """Write a new file (``0600``); removed again if the write fails."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
         try:
             os.fchmod(fd, _FILE_MODE)
             view = memoryview(data)
@@ -347,12 +389,9 @@ class FileStore(Store):
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
-                os.unlink(temp)
+                os.unlink(path)
             raise
         os.close(fd)
-        os.replace(temp, path)
-        if self.fsync:
-            _fsync_dir(path.parent)
 
     def _make_root(self) -> None:
         if self.path.is_dir():
@@ -439,11 +478,14 @@ class FileStore(Store):
 
         That is: the hidden ``.<id>.<hex>.new`` folders of creates and ``.<id>.<hex>.deleted``
         folders of deletes (which hold whole deleted States), and ``.snapshot.json.<hex>.tmp``
-        files in State folders. A leftover is removed only when the lock its writer held is
-        free, so never while that writer is alive; without locks (Windows, a file system that
-        refuses ``flock``) only when unchanged for ``UNLOCKED_LEFTOVER_AGE`` seconds. The store
-        runs the first part (the hidden folders) by itself, once per store object at its first
-        write and after every ``delete``; call this for the rest, for example from a cron job.
+        files in State folders; a ``.snapshot.json.next`` is removed where ``snapshot.json``
+        exists, and renamed to it where it does not (a replace cut short between its two
+        steps; not in the paths returned). A leftover is removed only when the lock its
+        writer held is free, so never while that writer is alive; without locks (Windows, a
+        file system that refuses ``flock``) only when unchanged for ``UNLOCKED_LEFTOVER_AGE``
+        seconds. The store runs the first part (the hidden folders) by itself, once per store
+        object at its first write and after every ``delete``; call this for the rest, for
+        example from a cron job.
         """
         removed = self._sweep_top(quiet=False)
         for name in self._names():
@@ -451,11 +493,15 @@ class FileStore(Store):
                 continue
             folder = self.path / name
             try:
-                temps = [n for n in os.listdir(folder) if n.startswith(".") and n.endswith(".tmp")]
+                names = os.listdir(folder)
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            if temps and self._abandoned(folder, partial(_remove_files, folder, temps)):
-                removed += [folder / n for n in temps]
+            left = [n for n in names if n.startswith(".") and n.endswith(".tmp")]
+            if NEXT in names:
+                left.append(NEXT)
+            tidied: list[Path] = []
+            if left and self._abandoned(folder, partial(_tidy, folder, left, tidied)):
+                removed += tidied
         return removed
 
     def _sweep_top(self, *, quiet: bool) -> list[Path]:
@@ -522,25 +568,22 @@ class FileStore(Store):
         folder = self._folder(state_id)
         try:
             with self._locked(folder, state_id, exclusive=False) as here:
+                snapshot_raw = _snapshot_bytes(folder)
+                if snapshot_raw is None:
+                    raise CorruptStateError(f"{folder} has no {SNAPSHOT}")
                 try:
-                    snapshot_raw = (folder / SNAPSHOT).read_bytes()
-                except FileNotFoundError:
-                    raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
-                try:
-                    raw = (folder / ENTRIES).read_bytes()
+                    file = open(folder / ENTRIES, "rb")  # closed below, still locked
                 except FileNotFoundError:
                     raise CorruptStateError(f"{folder} has no {ENTRIES}") from None
+                # Parsed while locked, a chunk at a time, so that the file's bytes are never
+                # all in memory beside the entries made of them.
+                with file:
+                    entries = _read_entries(file, folder / ENTRIES)
                 # Recorded while locked: a save of this store object in another thread that
                 # waits for the lock records its newer view after this one, never before.
-                self._seen[state_id] = _Seen(here, raw.count(b"\n"), _digest(snapshot_raw))
+                self._seen[state_id] = _Seen(here, len(entries), _digest(snapshot_raw))
         except StateNotFoundError:
             return None
-        lines = raw.split(b"\n")
-        # The part after the last newline is a torn append (or empty): never valid.
-        entries = [
-            loads(line, f"line {number} of {folder / ENTRIES}")
-            for number, line in enumerate(lines[:-1], 1)
-        ]
         snapshot = loads(snapshot_raw, str(folder / SNAPSHOT))
         return Record(entries, snapshot)
 
@@ -562,9 +605,12 @@ class FileStore(Store):
                 continue
             path = self.path / name / SNAPSHOT
             try:
-                snapshot = loads(path.read_bytes(), str(path))
+                raw = _snapshot_bytes(self.path / name, tries=3)
+                if raw is None:
+                    continue  # being deleted, or not a State's folder
+                snapshot = loads(raw, str(path))
                 saved.append(SavedState.from_snapshot(name, snapshot, str(path)))
-            except (FileNotFoundError, NotADirectoryError):
+            except NotADirectoryError:
                 continue
             except (CorruptStateError, SchemaVersionError) as e:
                 # One State that cannot be read does not hide the others; its load says why.
@@ -594,16 +640,87 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+def _snapshot_bytes(folder: Path, tries: int = 1) -> bytes | None:
+    """The bytes of a State's snapshot, or ``None`` if it has none.
+
+    That is ``snapshot.json``, or else the ``.snapshot.json.next`` of a replace cut short
+    between its two steps. Unlocked (``list``), a save can run those steps between the two
+    reads: ``tries`` rounds read ``snapshot.json`` again.
+    """
+    for _ in range(tries):
+        for name in (SNAPSHOT, NEXT):
+            with contextlib.suppress(FileNotFoundError):
+                return (folder / name).read_bytes()
+    return None
+
+
+_DECODER: Final = json.JSONDecoder()
+
+
+def _read_entries(file: BinaryIO, path: Path) -> list[Any]:
+    """Parse the complete lines of an entries file; the part after the last newline is torn."""
+    entries: list[Any] = []
+    held: list[bytes] = []  # the start of a line that goes on in the next chunk
+    while chunk := file.read(_READ_CHUNK):
+        end = chunk.rfind(b"\n") + 1
+        if not end:
+            held.append(chunk)
+            continue
+        if held:
+            held.append(chunk[:end])
+            lines = b"".join(held)
+            _parse_lines(memoryview(lines), path, entries)
+        else:
+            _parse_lines(memoryview(chunk)[:end], path, entries)
+        held = [chunk[end:]] if end < len(chunk) else []
+    return entries
+
+
+def _parse_lines(lines: memoryview, path: Path, entries: list[Any]) -> None:
+    """Append the JSON values of ``lines`` (whole lines, each ending with a newline).
+
+    The lines are parsed in one ``json.loads`` call, joined by commas into one JSON array (as
+    fast as one ``json.loads`` of the file, key strings shared), and taken when that gives
+    one value per line. Otherwise (damage, bytes that are not UTF-8, a line of two values)
+    they go through :func:`loads` one by one, as every line once did, so that a damaged one
+    is refused with its line number: no message is built for good lines. (A line of two
+    values passes the first way only beside a value that goes on over two lines, which only
+    a file written that way on purpose has; its values are then checked as entries anyway.)
+    """
+    try:
+        text = str(lines, "utf-8", "surrogatepass")  # as json.loads decodes bytes
+        count = text.count("\n")
+        values = json.loads("[" + text[:-1].replace("\n", ",") + "]")
+    except (ValueError, RecursionError):
+        values = count = None
+    if isinstance(values, list) and len(values) == count:
+        entries.extend(values)
+        return
+    first = len(entries) + 1
+    for number, line in enumerate(lines.tobytes().split(b"\n")[:-1], first):
+        entries.append(loads(line, f"line {number} of {path}"))
+
+
 def _same_entry(line: bytes, entry: dict[str, Any], where: str) -> bool:
     """Whether a stored line holds ``entry`` (the same bytes, or the same JSON)."""
     sent = dumps(entry)
     return line == sent or bool(loads(line, where) == loads(sent, where))
 
 
-def _remove_files(folder: Path, names: Sequence[str]) -> None:
+def _tidy(folder: Path, names: Sequence[str], removed: list[Path]) -> None:
+    """Remove abandoned files of a State folder (adding them to ``removed``).
+
+    A ``.snapshot.json.next`` without a ``snapshot.json`` is renamed to it instead.
+    """
     for name in names:
+        if name == NEXT and not (folder / SNAPSHOT).exists():
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(folder / NEXT, folder / SNAPSHOT)
+                logger.info("%s: finished replacing the snapshot, cut short", folder)
+            continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(folder / name)
+            removed.append(folder / name)
 
 
 def _last_seq(fd: int, path: Path) -> tuple[int, int]:

@@ -139,6 +139,11 @@ class ModelData:
         }
 
     @property
+    def text(self) -> str:
+        """The text blocks of the content, joined (as a model entry's ``text`` usually is)."""
+        return model_text(self.content) or ""
+
+    @property
     def tool_calls(self) -> list[ToolCall]:
         """The tool call blocks of the content."""
         return [b for b in self.content if b.get("type") == "tool_call"]  # type: ignore[misc]
@@ -302,21 +307,11 @@ def check_stored_data(kind: str, data: dict[str, Any], seq: int) -> None:
     so that a damaged entry is refused when it is loaded instead of failing later, on the
     next run or when a request is formatted. The message starts with the field's path
     (``data['content'][0]['text'] must be a str, not 5 (int)``). Keys alpineagents does not
-    read are left alone.
+    read are left alone. A load checks every entry, so the checks build no message (and no
+    path) unless one fails.
     """
-    if kind not in KINDS:
-        return  # a kind of a newer alpineagents: kept in history, left out of the context
-    if kind == USER:
-        _optional(data, "answers", str)
-    elif kind == MODEL:
-        content = data.get("content", [])
-        if not isinstance(content, list):
-            _bad("data['content']", "a list of content blocks", content)
-        for i, block in enumerate(content):
-            _check_block(block, f"data['content'][{i}]")
-        _optional(data, "stop_reason", str)
-        _check_usage(data)
-        _optional(data, "model", str)
+    if kind == MODEL:
+        check_model_data(data)
     elif kind == TOOL_RESULT:
         if "call_id" not in data:
             raise ValueError("data['call_id'] is missing: a tool result names the call it answers")
@@ -325,6 +320,8 @@ def check_stored_data(kind: str, data: dict[str, Any], seq: int) -> None:
         _optional(data, "name", str)
         _optional(data, "is_error", bool)
         _optional(data, "unknown", bool)
+    elif kind == USER:
+        _optional(data, "answers", str)
     elif kind == COMPACTION:
         covers = data.get("covers", seq - 1)  # without it: every entry before
         if not is_int(covers) or not 0 <= covers < seq:
@@ -342,23 +339,80 @@ def check_stored_data(kind: str, data: dict[str, Any], seq: int) -> None:
             _bad(
                 "data['skipped']", f"null or [start, end] with 1 <= start <= end <= {seq}", skipped
             )
+    # Any other kind (``task``, or a newer alpineagents' kind) has no data alpineagents reads.
 
 
-def _check_block(block: Any, path: str) -> None:
+def check_model_data(data: dict[str, Any]) -> str:
+    """Check the ``data`` of a stored model entry (see :func:`check_stored_data`).
+
+    Returns the text of its text blocks, joined: the entry's text when it has no other.
+    """
+    content = data.get("content", [])
+    if type(content) is not list and not isinstance(content, list):
+        _bad("data['content']", "a list of content blocks", content)
+    texts = []
+    for index, block in enumerate(content):
+        _check_block(block, index)
+        if block["type"] == "text":
+            texts.append(block["text"])
+    stop_reason, model = data.get("stop_reason"), data.get("model")
+    if stop_reason is not None and type(stop_reason) is not str:
+        _optional(data, "stop_reason", str)
+    _check_usage(data)
+    if model is not None and type(model) is not str:
+        _optional(data, "model", str)
+    return texts[0] if len(texts) == 1 else "".join(texts)
+
+
+def model_text(content: list[dict[str, Any]]) -> str | None:
+    """The text of a model response: its text blocks joined (``None`` if a block has no str).
+
+    A model entry's ``text`` is this, unless it was appended with other text; a store keeps
+    the text only in the content blocks then (see :mod:`alpineagents._serialize`).
+    """
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "text":
+            text = block.get("text")
+            if not isinstance(text, str):
+                return None
+            texts.append(text)
+    return texts[0] if len(texts) == 1 else "".join(texts)
+
+
+def _check_block(block: Any, index: int) -> None:
     if not isinstance(block, dict):
-        _bad(path, "a content block (a dict)", block)
+        _bad(f"data['content'][{index}]", "a content block (a dict)", block)
     kind = block.get("type")
-    if not isinstance(kind, str) or not _BLOCK_TYPE.fullmatch(kind) or kind in _TRANSLATED_BLOCKS:
-        _bad(f"{path}['type']", "a content block type such as 'text' or 'tool_call'", kind)
+    # The two types alpineagents writes pass without the pattern (``kind`` may be unhashable).
+    if (
+        kind != "text"
+        and kind != "tool_call"
+        and (
+            not isinstance(kind, str)
+            or not _BLOCK_TYPE.fullmatch(kind)
+            or kind in _TRANSLATED_BLOCKS
+        )
+    ):
+        path = f"data['content'][{index}]['type']"
+        _bad(path, "a content block type such as 'text' or 'tool_call'", kind)
     if kind == "text":
         if not isinstance(block.get("text"), str):
-            _bad(f"{path}['text']", "a str", block.get("text"))
+            _bad(f"data['content'][{index}]['text']", "a str", block.get("text"))
     elif kind == "tool_call":
         for key in ("id", "name"):
-            if not isinstance(block.get(key), str) or not block[key]:
-                _bad(f"{path}[{key!r}]", f"the call's {key} (a non-empty str)", block.get(key))
+            value = block.get(key)
+            if not isinstance(value, str) or not value:
+                path = f"data['content'][{index}][{key!r}]"
+                _bad(path, f"the call's {key} (a non-empty str)", value)
         if not isinstance(block.get("input"), dict):
-            _bad(f"{path}['input']", "a dict of the call's arguments", block.get("input"))
+            _bad(
+                f"data['content'][{index}]['input']",
+                "a dict of the call's arguments",
+                block.get("input"),
+            )
 
 
 def _check_usage(data: dict[str, Any]) -> None:
@@ -366,7 +420,7 @@ def _check_usage(data: dict[str, Any]) -> None:
     if not isinstance(usage, dict):
         _bad("data['usage']", "a dict of token counts", usage)
     for key, count in usage.items():
-        if not is_int(count):
+        if type(count) is not int and not is_int(count):
             _bad(f"data['usage'][{key!r}]", "a token count (an int)", count)
 
 

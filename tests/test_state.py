@@ -20,8 +20,8 @@ from alpineagents import (
     State,
     _saving,
 )
-from alpineagents._serialize import check_json, entry_to_dict, snapshot_of
-from alpineagents.state import MODEL, TOOL_RESULT
+from alpineagents._serialize import SCHEMA_VERSION, check_json, entry_to_dict, snapshot_of
+from alpineagents.state import MODEL, TOOL_RESULT, USER
 from alpineagents.testing import call
 from tests.helpers import script
 
@@ -168,10 +168,15 @@ def test_non_json_answer_is_a_type_error(store: FileStore) -> None:
 
 
 def test_entries_are_plain_json_of_our_own() -> None:
-    entry = HistoryEntry(3, MODEL, "hi", {"content": [{"type": "text", "text": "hi"}]})
+    entry = HistoryEntry(3, USER, "hi", {})
     raw = entry_to_dict(entry)
     assert json.loads(json.dumps(raw)) == raw
     assert set(raw) == {"v", "seq", "kind", "text", "at", "data"}
+    # A model entry keeps its text once, in its text blocks, unless the text is another.
+    content = {"content": [{"type": "text", "text": "hi"}]}
+    compact = entry_to_dict(HistoryEntry(3, MODEL, "hi", content))
+    assert set(compact) == {"v", "seq", "kind", "at", "data"}
+    assert entry_to_dict(HistoryEntry(3, MODEL, "other", content))["text"] == "other"
 
 
 # Incremental saves -------------------------------------------------------------------------
@@ -241,8 +246,9 @@ def _rewrite_snapshot(store: FileStore, state_id: str, **changes: object) -> Non
 
 def test_snapshot_from_a_newer_schema_is_refused(store: FileStore) -> None:
     store.save(State("t", id="future"))
-    _rewrite_snapshot(store, "future", v=2)
-    with pytest.raises(SchemaVersionError, match=r"schema version 2.*upgrade alpineagents"):
+    _rewrite_snapshot(store, "future", v=SCHEMA_VERSION + 1)
+    newer = rf"schema version {SCHEMA_VERSION + 1}.*upgrade alpineagents"
+    with pytest.raises(SchemaVersionError, match=newer):
         store.load("future")
 
 

@@ -1,0 +1,393 @@
+"""What issue 10 changed in the core, pinned without timing anything.
+
+* The stored entry form: a model entry whose text is its text blocks keeps it once; entries
+  of the form before (``text`` in every entry) load exactly as they did.
+* FileStore's load: one ``json.loads`` per chunk of lines, no message built for a good line,
+  a damaged line still named by its number; peak memory within 3x the entries' JSON.
+* FileStore's snapshot: never renamed onto an existing file, not rewritten when unchanged, and
+  a replace cut short by a kill (between its two renames) loads and is finished.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alpineagents import Agent, CorruptStateError, FileStore, State
+from alpineagents import filestore as filestore_module
+from alpineagents._serialize import entry_to_dict
+from alpineagents.history import MODEL, TOOL_RESULT, ModelData
+from alpineagents.store import SCHEMA_VERSION
+from alpineagents.testing import FunctionModel, call
+from tests.scripts.harness import REPO, TIMEOUT, child_env
+
+REPLY = "Let me look that up. " * 4
+
+
+def lookup(q: str) -> str:
+    """Look something up."""
+    return f"rows for {q}"
+
+
+def agent_state(store: FileStore, steps: int = 3) -> State:
+    """A State an Agent ran for ``steps`` tool-using steps, saved in ``store``."""
+    made = 0
+
+    def respond(request: Any) -> Any:
+        nonlocal made
+        made += 1
+        if made > steps:
+            return "All done."
+        return [{"type": "text", "text": REPLY}, call("lookup", q=f"q{made}")]
+
+    agent = Agent(FunctionModel(respond), tools=[lookup], store=store)
+    state = State("look things up", id="run")
+    agent.run(state)
+    return state
+
+
+def stored_lines(store: FileStore, state_id: str) -> list[dict[str, Any]]:
+    text = (store.path / state_id / "entries.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def old_form(entry: dict[str, Any], text: str) -> dict[str, Any]:
+    """An entry as alpineagents wrote it before issue 10: ``text`` in every entry, version 1."""
+    return {"v": 1, "seq": entry["seq"], "kind": entry["kind"], "text": text,
+            "at": entry["at"], "data": entry["data"]}  # fmt: skip
+
+
+# The stored form ---------------------------------------------------------------------------
+
+
+def test_a_model_entry_keeps_its_text_once_and_loads_with_it(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    state = agent_state(store)
+    lines = stored_lines(store, "run")
+    models = [line for line in lines if line["kind"] == MODEL]
+    assert len(models) == 4
+    for line in models:
+        assert "text" not in line
+        assert line["v"] == 2 == SCHEMA_VERSION
+        assert REPLY in json.dumps(line) or line["data"]["content"][0]["text"] == "All done."
+    # Every other object keeps the form a version-1 alpineagents reads.
+    assert {line["v"] for line in lines if line["kind"] != MODEL} == {1}
+    snapshot = json.loads((tmp_path / "run" / "snapshot.json").read_text())
+    assert snapshot["v"] == 1
+    loaded = FileStore(tmp_path).load("run")
+    assert loaded.history == state.history
+    assert [e.text for e in loaded.history if e.kind == MODEL] == [REPLY] * 3 + ["All done."]
+
+
+def test_a_model_entry_whose_text_is_not_its_blocks_keeps_its_text(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="s")
+    two = [
+        {"type": "text", "text": "a"},
+        {"type": "thinking", "x": 1},
+        {"type": "text", "text": "b"},
+    ]
+    state.append(MODEL, "ab", ModelData(two, "end_turn").to_data())  # joined: stored once
+    state.append(MODEL, "my own words", ModelData(two, "end_turn").to_data())
+    state.append(MODEL, "", ModelData([], "end_turn").to_data())  # no blocks, no text
+    store.save(state)
+    lines = stored_lines(store, "s")
+    assert ["text" in line for line in lines] == [True, False, True, False]
+    assert lines[2]["text"] == "my own words" and lines[2]["v"] == 1
+    assert store.load("s").history == state.history
+
+
+def test_entries_of_the_form_before_load_as_they_did(tmp_path: Path) -> None:
+    # The same State in two folders: as this version stores it, and as one before it did.
+    store = FileStore(tmp_path)
+    state = agent_state(store)
+    old = tmp_path / "old"
+    old.mkdir(mode=0o700)
+    lines = [old_form(entry_to_dict(e), e.text) for e in state.history]
+    (old / "entries.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (old / "snapshot.json").write_bytes((tmp_path / "run" / "snapshot.json").read_bytes())
+    snapshot = json.loads((old / "snapshot.json").read_text())
+    snapshot["id"] = "old"
+    (old / "snapshot.json").write_text(json.dumps(snapshot))
+
+    before = FileStore(tmp_path).load("old")
+    now = FileStore(tmp_path).load("run")
+    assert before.history == now.history == state.history
+    assert (
+        (before.stopped_by, before.answer) == (now.stopped_by, now.answer) == ("reply", "All done.")
+    )
+    # Saving more appends the new form after the old lines; all of it loads.
+    before.add_user_message("and more")
+    FileStore(tmp_path).save(before)
+    again = FileStore(tmp_path).load("old")
+    assert [e.text for e in again.history] == [e.text for e in state.history] + ["and more"]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (None, r"history entry 1 \(model\): text must be a str, not null"),
+        (5, r"history entry 1 \(model\): text must be a str, not 5 \(int\)"),
+        (["x"], r"history entry 1 \(model\): text must be a str"),
+    ],
+)
+def test_a_model_entry_with_a_text_of_another_type_is_refused(
+    tmp_path: Path, text: Any, words: str
+) -> None:
+    store = FileStore(tmp_path)
+    agent_state(store, steps=1)
+    path = tmp_path / "run" / "entries.jsonl"
+    lines = stored_lines(store, "run")
+    assert "text" not in lines[1]
+    lines[1]["text"] = text
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(CorruptStateError, match=r"^State 'run' in FileStore\(.*\), " + words):
+        FileStore(tmp_path).load("run")
+
+
+def test_a_model_entry_without_text_is_checked_like_one_with_it(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    agent_state(store, steps=1)
+    path = tmp_path / "run" / "entries.jsonl"
+    good = path.read_text().splitlines()
+    lines = [json.loads(line) for line in good]
+    lines[1]["data"]["content"][0]["text"] = 7
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    words = r"entry 1 \(model\): data\['content'\]\[0\]\['text'\] must be a str, not 7"
+    with pytest.raises(CorruptStateError, match=words):
+        FileStore(tmp_path).load("run")
+    # A lone surrogate in a text block is refused as it is in a text field.
+    good[1] = good[1].replace("Let me", "\\ud800Let me", 1)
+    path.write_text("\n".join(good) + "\n")
+    with pytest.raises(CorruptStateError, match=r"entry 1 \(model\): .*lone surrogate"):
+        FileStore(tmp_path).load("run")
+
+
+# Loading ---------------------------------------------------------------------------------
+
+
+def big_state(n: int) -> State:
+    """A State of ``n`` entries (odd): model responses with a tool call, and their results."""
+    state = State("many steps", id="big")
+    while len(state.history) < n:
+        k = len(state.history)
+        if k % 2:
+            tool_call = {"type": "tool_call", "id": f"c{k}", "name": "lookup", "input": {"q": k}}
+            data = ModelData([{"type": "text", "text": REPLY}, tool_call], "tool_use").to_data()
+            state.append(MODEL, REPLY, data)
+        else:
+            result = {"call_id": f"c{k - 1}", "name": "lookup"}
+            state.append(TOOL_RESULT, "row,value\n" * 40, result)
+    return state
+
+
+def test_a_load_builds_no_message_for_good_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    state = big_state(301)
+    store.save(state)
+    monkeypatch.setattr(filestore_module, "_READ_CHUNK", 4096)  # many chunks, lines across them
+    wheres: list[str] = []
+    real = filestore_module.loads
+
+    def counting(raw: bytes | str, where: str) -> Any:
+        wheres.append(where)
+        return real(raw, where)
+
+    monkeypatch.setattr(filestore_module, "loads", counting)
+    assert store.load("big").history == state.history
+    assert wheres == [str(tmp_path / "big" / "snapshot.json")]  # the snapshot alone
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda line: line[:-3], "is not valid JSON"),
+        (lambda line: line + b" " + line, "is not valid JSON: Extra data"),
+        (lambda line: line + b"," + line, "is not valid JSON: Extra data"),  # two values
+        (lambda line: b"\xff" + line, "is not valid JSON"),  # not UTF-8
+    ],
+)
+def test_a_damaged_line_is_named_by_its_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: Any, words: str
+) -> None:
+    store = FileStore(tmp_path)
+    store.save(big_state(61))
+    monkeypatch.setattr(filestore_module, "_READ_CHUNK", 2048)
+    path = tmp_path / "big" / "entries.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    lines[40] = damage(lines[40])
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(CorruptStateError, match=rf"line 41 of {path}.* {words}"):
+        FileStore(tmp_path).load("big")
+
+
+def test_whitespace_around_a_line_and_a_torn_last_line_load_as_before(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    state = big_state(21)
+    store.save(state)
+    path = tmp_path / "big" / "entries.jsonl"
+    lines = path.read_bytes().split(b"\n")[:-1]
+    lines[3] = b"  " + lines[3] + b"\r"
+    path.write_bytes(b"\n".join(lines) + b'\n{"v":1,"seq":21,"ki')  # a killed append
+    assert FileStore(tmp_path).load("big").history == state.history
+
+
+def traced_peak(function: Any) -> int:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        function()
+        return int(tracemalloc.get_traced_memory()[1])
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_load_peaks_within_3x_the_json_of_its_entries(tmp_path: Path) -> None:
+    # Entries as the issue measured them: ~420 B replies and ~1.4 KB tool results.
+    store = FileStore(tmp_path)
+    state = State("many steps", id="big")
+    for k in range(1, 2001, 2):
+        tool_call = {"type": "tool_call", "id": f"c{k}", "name": "lookup", "input": {"q": k}}
+        reply = REPLY * 5
+        data = ModelData([{"type": "text", "text": reply}, tool_call], "tool_use").to_data()
+        state.append(MODEL, reply, data)
+        state.append(TOOL_RESULT, "alpha,1\nbeta,2\n" * 90, {"call_id": f"c{k}", "name": "q"})
+    store.save(state)
+    raw = (tmp_path / "big" / "entries.jsonl").read_bytes()
+    assert traced_peak(lambda: store.load("big")) <= 3 * len(raw)
+    # Small entries cost Python more than their JSON: no more than json.loads of them, then.
+    small = FileStore(tmp_path / "small")
+    small.save(big_state(2001))
+    raw = (tmp_path / "small" / "big" / "entries.jsonl").read_bytes()
+    whole = b"[" + raw[:-1].replace(b"\n", b",") + b"]"
+    assert traced_peak(lambda: small.load("big")) <= 1.2 * traced_peak(lambda: json.loads(whole))
+
+
+# The snapshot ------------------------------------------------------------------------------
+
+
+def test_a_save_never_renames_onto_an_existing_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    agent_state(store, steps=1)
+    renames: list[tuple[str, bool]] = []
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        renames.append((Path(dst).name, os.path.exists(dst)))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    state = store.load("run")
+    state.add_user_message("next")
+    store.save(state)
+    assert renames == [(".snapshot.json.next", False), ("snapshot.json", False)]
+    assert sorted(os.listdir(tmp_path / "run")) == ["entries.jsonl", "snapshot.json"]
+    assert FileStore(tmp_path).load("run").history[-1].text == "next"
+
+
+def test_an_unchanged_snapshot_is_not_rewritten(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="s")
+    store.save(state)
+    path = tmp_path / "s" / "snapshot.json"
+    snapshot = json.loads(path.read_bytes())
+    before = os.stat(path)
+    store.write("s", [], snapshot)  # byte for byte what is on disk
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    # The store object's view is still right: a changed snapshot replaces it.
+    store.write("s", [], {**snapshot, "data": {"k": 1}})
+    assert os.stat(path).st_ino != before.st_ino
+    assert store.load("s").data == {"k": 1}
+
+
+KILLED_BETWEEN_RENAMES = """
+import os, sys, time
+from alpineagents import FileStore
+store = FileStore(sys.argv[1])
+state = store.load("run")
+state.add_user_message("saved while killed")
+real = os.replace
+def replace(src, dst):
+    if os.path.basename(dst) == "snapshot.json":  # snapshot.json is removed by now
+        print("paused", flush=True)
+        time.sleep(60)
+    real(src, dst)
+os.replace = replace
+store.save(state)
+"""
+
+
+def test_a_replace_killed_between_its_renames_loads_and_is_finished(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    agent_state(store, steps=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_BETWEEN_RENAMES, str(tmp_path)],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "paused"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(TIMEOUT)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    folder = tmp_path / "run"
+    assert sorted(os.listdir(folder)) == [".snapshot.json.next", "entries.jsonl"]
+    newer = json.loads((folder / ".snapshot.json.next").read_text())
+
+    # A load reads the whole new snapshot; a listing lists the State.
+    loaded = FileStore(tmp_path).load("run")
+    assert loaded.history[-1].text == "saved while killed"
+    assert loaded.updated_at.isoformat() == newer["updated_at"]
+    assert [s.id for s in FileStore(tmp_path).list()] == ["run"]
+    # The sweep finishes the rename (its writer is dead) and reports nothing removed.
+    assert FileStore(tmp_path).sweep() == []
+    assert sorted(os.listdir(folder)) == ["entries.jsonl", "snapshot.json"]
+    # And a save goes on from there.
+    loaded.add_user_message("after")
+    FileStore(tmp_path).save(loaded)
+    assert FileStore(tmp_path).load("run").history[-1].text == "after"
+
+
+def test_a_save_finishes_a_cut_short_replace_and_drops_one_that_never_began(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="s")
+    store.save(state)
+    folder = tmp_path / "s"
+    # Killed between the renames: no snapshot.json, a whole .snapshot.json.next.
+    newer = {**json.loads((folder / "snapshot.json").read_text()), "data": {"n": 1}}
+    (folder / ".snapshot.json.next").write_text(json.dumps(newer))
+    (folder / "snapshot.json").unlink()
+    other = FileStore(tmp_path)
+    state = other.load("s")
+    assert state.data == {"n": 1}
+    state.add_user_message("m")
+    other.save(state)
+    assert sorted(os.listdir(folder)) == ["entries.jsonl", "snapshot.json"]
+    assert FileStore(tmp_path).load("s").history[-1].text == "m"
+
+    # Killed before removing snapshot.json: the .next is a save that did not happen.
+    (folder / ".snapshot.json.next").write_text(json.dumps({**newer, "data": {"n": 99}}))
+    assert FileStore(tmp_path).load("s").data == {"n": 1}
+    assert FileStore(tmp_path).sweep() == [folder / ".snapshot.json.next"]
+    assert sorted(os.listdir(folder)) == ["entries.jsonl", "snapshot.json"]
