@@ -4,11 +4,16 @@ Every store keeps what this module produces and nothing else: history entries as
 dicts (each with its ``seq``) and one snapshot dict with the rest of the State. Both carry the
 schema version (``v``), so a newer format is refused instead of misread.
 
-An object carries the oldest schema version that reads it. That is 1, except for a model
-entry whose text is its content's text blocks joined (as the Agent records every response):
-it keeps the text once, in the blocks, without a ``text`` field, and carries 2, so that an
+An object carries the oldest schema version that reads it. That is 1, except for a compact
+model entry: one whose text is its content's text blocks joined (as the Agent records every
+response), kept once, in the blocks, without a ``text`` field. It carries 2, so that an
 alpineagents from before asks to be upgraded instead of calling the entry damaged. Entries
 with ``text`` (of any kind, and of every version so far) load as they always did.
+
+This version reads compact entries but does not write them yet (``_WRITE_COMPACT``): during a
+rolling deploy, or after a rollback, a process of the version before may resume a State this
+one saved, and it cannot read them. A later release writes them, once every process that
+reads the store understands them.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from alpineagents.state import HistoryEntry, State, StoppedBy, validate_id
 SCHEMA_VERSION: Final = 2
 # The version of every object that a version-1 alpineagents reads as well.
 _FIRST_VERSION: Final = 1
+# Whether model entries are written compact (schema version 2): not yet, see the docstring.
+_WRITE_COMPACT = False
 
 _SNAPSHOT_KEYS: Final = ("id", "task", "entries", "data", "created_at", "updated_at")
 _STOPS: Final = get_args(StoppedBy)
@@ -94,10 +101,11 @@ def loads(raw: bytes | str, where: str) -> Any:
 def entry_to_dict(entry: HistoryEntry) -> dict[str, Any]:
     """One history entry as a JSON dict (``error`` is not kept; ``text`` describes it).
 
-    A model entry whose text is its text blocks joined keeps the text once, in the blocks.
+    Written compact (``_WRITE_COMPACT``), a model entry whose text is its text blocks joined
+    keeps the text once, in the blocks.
     """
     data = copy.deepcopy(entry.data)  # a store may keep the dict: it must not share it
-    if entry.kind == MODEL and model_text(data.get("content", [])) == entry.text:
+    if _WRITE_COMPACT and entry.kind == MODEL and model_text(data.get("content", [])) == entry.text:
         return {
             "v": SCHEMA_VERSION,
             "seq": entry.seq,

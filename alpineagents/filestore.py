@@ -3,22 +3,12 @@
 Layout under the store's path::
 
     <id>/entries.jsonl   history entries, one JSON line each, only ever appended
-    <id>/snapshot.json   the rest of the State, replaced whole (see "Replacing the snapshot")
+    <id>/snapshot.json   the rest of the State, replaced atomically (temp file + os.replace)
 
 A process killed while appending can leave a torn last line; it has no newline, is dropped
 when read and cut off before the next append. A new State is written in a hidden folder and
 renamed into place, so creating it is all or nothing and exclusive between processes.
 
-Replacing the snapshot. A save writes the new snapshot to ``.snapshot.json.<hex>.tmp`` and
-renames it to ``.snapshot.json.next``, so that file only ever holds a whole snapshot; then it
-removes ``snapshot.json`` and renames ``.snapshot.json.next`` to it. Renaming onto an existing
-file would do it in one step, but ext4 (``auto_da_alloc``) then starts writing the new file's
-data to disk first, about a millisecond per save; renaming onto no file costs nothing of the
-kind. A process killed between the two leaves no ``snapshot.json`` but a whole
-``.snapshot.json.next``: a load reads that one, and the next save (or :meth:`FileStore.sweep`)
-finishes the rename. Where ``snapshot.json`` exists, it is the snapshot, and a
-``.snapshot.json.next`` beside it is a save that did not happen. With ``fsync=True`` (and on
-Windows) the snapshot is replaced by one ``os.replace``, as the flush is wanted there anyway.
 A save whose snapshot is byte for byte the one on disk does not replace it.
 
 Files are ``0600`` and folders ``0700`` whatever the umask (the folders it makes above the
@@ -55,7 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO
 
 from alpineagents._serialize import dumps, loads
 from alpineagents.errors import (
@@ -77,8 +67,6 @@ logger = logging.getLogger(__name__)
 
 ENTRIES = "entries.jsonl"
 SNAPSHOT = "snapshot.json"
-# A whole new snapshot, renamed to SNAPSHOT once that is removed (see the module docstring).
-NEXT = ".snapshot.json.next"
 # How much of entries.jsonl a load reads and parses at a time.
 _READ_CHUNK = 1 << 18
 _FILE_MODE = 0o600
@@ -188,7 +176,10 @@ class FileStore(Store):
     ) -> None:
         """The write of a State that exists, with the folder locked."""
         path = folder / ENTRIES
-        current = _digest(self._finished_snapshot(folder))
+        try:
+            current = _digest((folder / SNAPSHOT).read_bytes())
+        except FileNotFoundError:
+            raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
         body = None if snapshot is None else dumps(snapshot)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
         try:
@@ -351,30 +342,17 @@ class FileStore(Store):
         return expected
 
     def _replace_snapshot(self, folder: Path, body: bytes) -> None:
-        """Replace the snapshot of a locked State folder (see the module docstring)."""
+        """Replace the snapshot of a locked State folder: a temp file, then one ``os.replace``.
+
+        Renaming onto the old snapshot costs about a millisecond on ext4, which then starts
+        writing the new file's data to disk (``auto_da_alloc``). That is kept on purpose: after
+        a power cut the snapshot is the old one or the new one, never an empty file.
+        """
         temp = folder / f".{SNAPSHOT}.{uuid.uuid4().hex[:12]}.tmp"
         self._write_file(temp, body)
-        if self.fsync or sys.platform == "win32":
-            os.replace(temp, folder / SNAPSHOT)
-            if self.fsync:
-                _fsync_dir(folder)
-            return
-        os.replace(temp, folder / NEXT)  # onto no file, unless a killed save left one
-        os.unlink(folder / SNAPSHOT)
-        os.replace(folder / NEXT, folder / SNAPSHOT)
-
-    def _finished_snapshot(self, folder: Path) -> bytes:
-        """The snapshot of a State folder locked for writing, after finishing a cut-short rename."""
-        try:
-            return (folder / SNAPSHOT).read_bytes()
-        except FileNotFoundError:
-            pass
-        try:
-            os.replace(folder / NEXT, folder / SNAPSHOT)
-        except FileNotFoundError:
-            raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
-        logger.info("%s: finished replacing the snapshot, cut short by a killed process", folder)
-        return (folder / SNAPSHOT).read_bytes()
+        os.replace(temp, folder / SNAPSHOT)
+        if self.fsync:
+            _fsync_dir(folder)
 
     def _write_file(self, path: Path, data: bytes) -> None:
         """Write a new file (``0600``); removed again if the write fails."""
@@ -478,14 +456,11 @@ class FileStore(Store):
 
         That is: the hidden ``.<id>.<hex>.new`` folders of creates and ``.<id>.<hex>.deleted``
         folders of deletes (which hold whole deleted States), and ``.snapshot.json.<hex>.tmp``
-        files in State folders; a ``.snapshot.json.next`` is removed where ``snapshot.json``
-        exists, and renamed to it where it does not (a replace cut short between its two
-        steps; not in the paths returned). A leftover is removed only when the lock its
-        writer held is free, so never while that writer is alive; without locks (Windows, a
-        file system that refuses ``flock``) only when unchanged for ``UNLOCKED_LEFTOVER_AGE``
-        seconds. The store runs the first part (the hidden folders) by itself, once per store
-        object at its first write and after every ``delete``; call this for the rest, for
-        example from a cron job.
+        files in State folders. A leftover is removed only when the lock its writer held is
+        free, so never while that writer is alive; without locks (Windows, a file system that
+        refuses ``flock``) only when unchanged for ``UNLOCKED_LEFTOVER_AGE`` seconds. The store
+        runs the first part (the hidden folders) by itself, once per store object at its first
+        write and after every ``delete``; call this for the rest, for example from a cron job.
         """
         removed = self._sweep_top(quiet=False)
         for name in self._names():
@@ -496,12 +471,9 @@ class FileStore(Store):
                 names = os.listdir(folder)
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            left = [n for n in names if n.startswith(".") and n.endswith(".tmp")]
-            if NEXT in names:
-                left.append(NEXT)
-            tidied: list[Path] = []
-            if left and self._abandoned(folder, partial(_tidy, folder, left, tidied)):
-                removed += tidied
+            temps = [n for n in names if n.startswith(".") and n.endswith(".tmp")]
+            if temps and self._abandoned(folder, partial(_remove_files, folder, temps)):
+                removed += [folder / n for n in temps]
         return removed
 
     def _sweep_top(self, *, quiet: bool) -> list[Path]:
@@ -605,7 +577,7 @@ class FileStore(Store):
                 continue
             path = self.path / name / SNAPSHOT
             try:
-                raw = _snapshot_bytes(self.path / name, tries=3)
+                raw = _snapshot_bytes(self.path / name)
                 if raw is None:
                     continue  # being deleted, or not a State's folder
                 snapshot = loads(raw, str(path))
@@ -640,21 +612,12 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _snapshot_bytes(folder: Path, tries: int = 1) -> bytes | None:
-    """The bytes of a State's snapshot, or ``None`` if it has none.
-
-    That is ``snapshot.json``, or else the ``.snapshot.json.next`` of a replace cut short
-    between its two steps. Unlocked (``list``), a save can run those steps between the two
-    reads: ``tries`` rounds read ``snapshot.json`` again.
-    """
-    for _ in range(tries):
-        for name in (SNAPSHOT, NEXT):
-            with contextlib.suppress(FileNotFoundError):
-                return (folder / name).read_bytes()
-    return None
-
-
-_DECODER: Final = json.JSONDecoder()
+def _snapshot_bytes(folder: Path) -> bytes | None:
+    """The bytes of a State's snapshot, or ``None`` if it has none."""
+    try:
+        return (folder / SNAPSHOT).read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def _read_entries(file: BinaryIO, path: Path) -> list[Any]:
@@ -707,20 +670,10 @@ def _same_entry(line: bytes, entry: dict[str, Any], where: str) -> bool:
     return line == sent or bool(loads(line, where) == loads(sent, where))
 
 
-def _tidy(folder: Path, names: Sequence[str], removed: list[Path]) -> None:
-    """Remove abandoned files of a State folder (adding them to ``removed``).
-
-    A ``.snapshot.json.next`` without a ``snapshot.json`` is renamed to it instead.
-    """
+def _remove_files(folder: Path, names: Sequence[str]) -> None:
     for name in names:
-        if name == NEXT and not (folder / SNAPSHOT).exists():
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(folder / NEXT, folder / SNAPSHOT)
-                logger.info("%s: finished replacing the snapshot, cut short", folder)
-            continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(folder / name)
-            removed.append(folder / name)
 
 
 def _last_seq(fd: int, path: Path) -> tuple[int, int]:

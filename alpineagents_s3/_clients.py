@@ -53,7 +53,8 @@ class SharedModels:
         self._lock = threading.Lock()
         self._loaders: dict[tuple[type, tuple[str, ...]], Loader] = {}
         # A child forked while another thread held the lock would wait for it forever.
-        os.register_at_fork(after_in_child=self._new_lock)
+        if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+            os.register_at_fork(after_in_child=self._new_lock)
 
     def _new_lock(self) -> None:
         self._lock = threading.Lock()

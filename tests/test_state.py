@@ -172,11 +172,22 @@ def test_entries_are_plain_json_of_our_own() -> None:
     raw = entry_to_dict(entry)
     assert json.loads(json.dumps(raw)) == raw
     assert set(raw) == {"v", "seq", "kind", "text", "at", "data"}
-    # A model entry keeps its text once, in its text blocks, unless the text is another.
+    # A model entry keeps its text field (version 1, which alpineagents 0.4.0 reads too: a
+    # process of the version before resumes what this one saved, as in a rolling deploy).
     content = {"content": [{"type": "text", "text": "hi"}]}
+    model = entry_to_dict(HistoryEntry(3, MODEL, "hi", content))
+    assert set(model) == {"v", "seq", "kind", "text", "at", "data"} and model["v"] == 1
+
+
+def test_compact_model_entries_are_read_not_yet_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alpineagents import _serialize
+
+    content = {"content": [{"type": "text", "text": "hi"}]}
+    monkeypatch.setattr(_serialize, "_WRITE_COMPACT", True)
     compact = entry_to_dict(HistoryEntry(3, MODEL, "hi", content))
-    assert set(compact) == {"v", "seq", "kind", "at", "data"}
+    assert set(compact) == {"v", "seq", "kind", "at", "data"} and compact["v"] == 2
     assert entry_to_dict(HistoryEntry(3, MODEL, "other", content))["text"] == "other"
+    assert _serialize.entry_from_dict(compact, "State 's'", 0).text == "hi"
 
 
 # Incremental saves -------------------------------------------------------------------------
