@@ -27,7 +27,7 @@ from alpineagents.history import USER as USER
 from alpineagents.history import EntryKind as EntryKind
 from alpineagents.history import HistoryEntry as HistoryEntry
 from alpineagents.history import ToolCall as ToolCall
-from alpineagents.history import UserData, check_json, check_text
+from alpineagents.history import UserData, check_json, check_stored_data, check_text
 from alpineagents.history import ends_turn as ends_turn
 from alpineagents.history import tool_calls as tool_calls
 from alpineagents.history import utcnow as utcnow
@@ -186,14 +186,21 @@ class State:
         """Add an entry at the end of ``history`` and return it.
 
         Raises :class:`~alpineagents.errors.NotJSONError` if ``text`` or ``data`` hold
-        something a store cannot keep (see :func:`alpineagents.history.check_json`); the
-        entry keeps a JSON copy of ``data``.
+        something a store cannot keep (see :func:`alpineagents.history.check_json`), and
+        ``ValueError`` if ``data`` is not what an entry of ``kind`` holds
+        (a tool result without ``call_id``, a model entry's content block of no known shape,
+        ...): what a load would refuse is never saved. The entry keeps a JSON copy of
+        ``data``.
         """
         if kind not in KINDS:
             raise ValueError(f"unknown history entry kind {kind!r}: one of {sorted(KINDS)}")
         seq = len(self.history)
         check_text(text, f"the text of history entry {seq} ({kind})")
         data = check_json({} if data is None else data, f"the data of history entry {seq}")
+        try:
+            check_stored_data(kind, data, seq)
+        except ValueError as e:
+            raise ValueError(f"history entry {seq} ({kind}): {e}") from None
         entry = HistoryEntry(seq, kind, text, data, error)
         self.history.append(entry)
         return entry

@@ -326,3 +326,23 @@ def test_an_accepted_typed_answer_is_always_saved(
     assert not isinstance(answer, dict | str) or output_type is dt.date
     assert store.load("typed").answer == saved
     assert Agent(script(), output_type=output_type, store=store).run(state) == answer
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "words"),
+    [
+        (TOOL_RESULT, {}, r"history entry 1 \(tool_result\): data\['call_id'\] is missing"),
+        (TOOL_RESULT, {"call_id": 5}, r"data\['call_id'\] must be a call id"),
+        (MODEL, {"content": [{"type": 3}]}, r"history entry 1 \(model\): data\['content'\]\[0\]"),
+        (MODEL, {"content": "hi"}, r"data\['content'\] must be a list of content blocks"),
+    ],
+)
+def test_append_refuses_data_a_load_would_refuse(
+    store: FileStore, kind: str, data: dict[str, object], words: str
+) -> None:
+    state = State("t", id="shapes")
+    with pytest.raises(ValueError, match=words):
+        state.append(kind, "x", data)  # type: ignore[arg-type]
+    assert len(state.history) == 1  # nothing was added
+    store.save(state)
+    assert [e.kind for e in store.load("shapes").history] == ["task"]
