@@ -8,6 +8,8 @@ Each test pins a behaviour of the version before (a4fcc24) that the change lost:
 * A save whose snapshot is the one on disk is no longer written, and so no longer forgets the
   digests of snapshot writes that never finished (``_Seen.tried``); one of those found on
   disk later, written by another writer, is then taken for this store object's own.
+* A model entry without ``text`` gets the text of its blocks: right for a compact entry
+  (schema version 2), but a version-1 entry without it is damaged and was refused.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 
 from alpineagents import ConcurrentWriteError, CorruptStateError, FileStore, State
 from alpineagents import filestore as filestore_module
-from alpineagents._serialize import entry_to_dict
+from alpineagents._serialize import entry_from_dict, entry_to_dict
 
 
 def _saved(tmp_path: Path, state_id: str = "s1", replies: int = 2) -> tuple[FileStore, Path]:
@@ -96,3 +98,18 @@ def test_unchanged_snapshot_save_forgets_unfinished_writes(
     with pytest.raises(ConcurrentWriteError, match="was replaced"):
         a.write("s1", [], _snapshot(2))
     assert json.loads((tmp_path / "store" / "s1" / "snapshot.json").read_bytes()) == _snapshot(1)
+
+
+def test_version_1_model_entry_without_text_is_refused() -> None:
+    """Only a compact entry (schema version 2) may leave its text out.
+
+    Every version-1 entry has its text: one without it is damaged, and a4fcc24 said so. The
+    rewritten check derives the text of any model entry without one, whatever its version.
+    """
+    state = State("the task", id="s1")
+    state.append("model", "hi", {"content": [{"type": "text", "text": "hi"}]})
+    raw = entry_to_dict(state.history[1])
+    assert raw["v"] == 1
+    del raw["text"]
+    with pytest.raises(CorruptStateError, match=r"history entry 1 \(model\): text must be a str"):
+        entry_from_dict(raw, "State 's1'", 1)
