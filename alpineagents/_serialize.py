@@ -176,7 +176,7 @@ def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
             f"history entry {seq}: kind must be a kind such as {sorted(KINDS)}, not {shown(kind)}",
         )
     text = raw.get("text", _ABSENT)
-    derived = text is _ABSENT and kind == MODEL
+    derived = text is _ABSENT and kind == MODEL and is_int(version) and version >= 2
     if not derived and (type(text) is not str or not text.isascii()):
         text = _checked_str(None if text is _ABSENT else text, owner, _part(seq, kind), "text")
     data = raw.get("data")

@@ -199,6 +199,10 @@ class FileStore(Store):
             self._seen[state_id] = _Seen(here, count, current, tried | {new})
             self._replace_snapshot(folder, body)
             self._seen[state_id] = _Seen(here, count, new)
+        elif body is not None:
+            # The snapshot on disk is the one this save sends: no write of this object is in
+            # doubt any more, as when it was written again.
+            self._seen[state_id] = _Seen(here, count, current)
 
     def _check(
         self,
