@@ -415,16 +415,23 @@ class Agent:
             else:
                 content.append(_without_surrogates(block))
         cleaned = ModelResponse(content, response.stop_reason, response.usage, response.model)
-        entry = state.append(
-            MODEL,
-            cleaned.text,
-            ModelData(
-                cleaned.content,
-                _without_surrogates(cleaned.stop_reason),
-                cleaned.usage,
-                _without_surrogates(cleaned.model or self.model.name),
-            ).to_data(),
-        )
+        try:
+            entry = state.append(
+                MODEL,
+                cleaned.text,
+                ModelData(
+                    cleaned.content,
+                    _without_surrogates(cleaned.stop_reason),
+                    cleaned.usage,
+                    _without_surrogates(cleaned.model or self.model.name),
+                ).to_data(),
+            )
+        except ValueError as e:  # a block or usage of no shape alpineagents keeps
+            raise ValueError(
+                f"State {state.id!r}: the response of the model {self.model.name!r} cannot be "
+                f"kept: {e}. A Model returns ModelResponse content blocks of the documented "
+                "shapes (text, tool_call, ...) and int usage counts"
+            ) from None
         for call, error in refused:
             text = (
                 f"Invalid input for tool {call['name']!r}: {error}. Call it again with valid input."

@@ -646,21 +646,18 @@ def _read_entries(file: BinaryIO, path: Path) -> list[Any]:
 def _parse_lines(lines: memoryview, path: Path, entries: list[Any]) -> None:
     """Append the JSON values of ``lines`` (whole lines, each ending with a newline).
 
-    The lines are parsed in one ``json.loads`` call, joined by commas into one JSON array (as
-    fast as one ``json.loads`` of the file, key strings shared), and taken when that gives
-    one value per line. Otherwise (damage, bytes that are not UTF-8, a line of two values)
-    they go through :func:`loads` one by one, as every line once did, so that a damaged one
-    is refused with its line number: no message is built for good lines. (A line of two
-    values passes the first way only beside a value that goes on over two lines, which only
-    a file written that way on purpose has; its values are then checked as entries anyway.)
+    The chunk is decoded once and each line parsed by ``json.loads``; only when that fails
+    (damage, bytes that are not UTF-8) do the lines go through :func:`loads` one by one, as
+    every line once did, so that a damaged one is refused with its line number: no message is
+    built for good lines. Each line is parsed on its own: joined into one JSON array, a value
+    that goes on over two lines and a line of two values would make up for each other.
     """
     try:
         text = str(lines, "utf-8", "surrogatepass")  # as json.loads decodes bytes
-        count = text.count("\n")
-        values = json.loads("[" + text[:-1].replace("\n", ",") + "]")
+        values = [json.loads(line) for line in text[:-1].split("\n")]
     except (ValueError, RecursionError):
-        values = count = None
-    if isinstance(values, list) and len(values) == count:
+        values = None
+    if values is not None:
         entries.extend(values)
         return
     first = len(entries) + 1

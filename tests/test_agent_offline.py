@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -211,7 +210,9 @@ def test_demo_sh_installs_the_plugin_and_moto_only_for_store_s3(venv: Path) -> N
 def test_demo_sh_installs_again_when_what_it_installed_changed(venv: Path) -> None:
     demo_sh(venv)
     stamp = venv / ".alpineagents-demo-core"
-    past = time.time() - 3600
-    os.utime(stamp, (past, past))  # as if pyproject.toml changed after the install
+    # As if pyproject.toml changed after the install: the stamp older than it (not an hour
+    # ago: a checkout's pyproject.toml can be older than that).
+    past = (REPO / "pyproject.toml").stat().st_mtime - 60
+    os.utime(stamp, (past, past))
     assert demo_sh(venv) == [f"{PIP} -e .", "-m alpineagents.demo"]
     assert demo_sh(venv) == ["-m alpineagents.demo"]

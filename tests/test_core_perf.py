@@ -3,8 +3,9 @@
 * The stored entry form: a model entry whose text is its text blocks can be kept once (read
   now, written by a later release: here, with ``_WRITE_COMPACT`` set); entries of the form
   before (``text`` in every entry) load exactly as they did.
-* FileStore's load: one ``json.loads`` per chunk of lines, no message built for a good line,
-  a damaged line still named by its number; peak memory within 3x the entries' JSON.
+* FileStore's load: a chunk of lines decoded at once, each line parsed on its own, no message
+  built for a good line, a damaged line still named by its number; peak memory within 3x the
+  entries' JSON.
 * FileStore's snapshot: replaced by one rename onto the old one (so that a power cut leaves
   the old or the new one), and not rewritten when unchanged.
 """
@@ -270,12 +271,14 @@ def test_a_load_peaks_within_3x_the_json_of_its_entries(tmp_path: Path) -> None:
     store.save(state)
     raw = (tmp_path / "big" / "entries.jsonl").read_bytes()
     assert traced_peak(lambda: store.load("big")) <= 3 * len(raw)
-    # Small entries cost Python more than their JSON: no more than json.loads of them, then.
+    # Small entries cost Python more than their JSON, even in one json.loads of them all
+    # (which shares key strings between entries; a line parsed on its own cannot): within
+    # 1.5x of that, then.
     small = FileStore(tmp_path / "small")
     small.save(big_state(2001))
     raw = (tmp_path / "small" / "big" / "entries.jsonl").read_bytes()
     whole = b"[" + raw[:-1].replace(b"\n", b",") + b"]"
-    assert traced_peak(lambda: small.load("big")) <= 1.2 * traced_peak(lambda: json.loads(whole))
+    assert traced_peak(lambda: small.load("big")) <= 1.5 * traced_peak(lambda: json.loads(whole))
 
 
 # The snapshot ------------------------------------------------------------------------------

@@ -346,3 +346,21 @@ def test_append_refuses_data_a_load_would_refuse(
     assert len(state.history) == 1  # nothing was added
     store.save(state)
     assert [e.kind for e in store.load("shapes").history] == ["task"]
+
+
+def test_a_model_response_of_no_kept_shape_is_refused_naming_the_model(store: FileStore) -> None:
+    from alpineagents import Agent
+    from alpineagents.testing import FunctionModel
+
+    def look(q: str) -> str:
+        """Look something up."""
+        raise AssertionError("a call with an empty id must not run")
+
+    bad = [{"type": "tool_call", "id": "", "name": "look", "input": {"q": "x"}}]
+    agent = Agent(FunctionModel(lambda request: bad, name="homemade"), tools=[look], store=store)
+    state = State("t", id="shapeless")
+    with pytest.raises(ValueError, match=r"State 'shapeless': the response of the model "
+                       r"'homemade' cannot be kept: history entry 1 \(model\): "):  # fmt: skip
+        agent.run(state)
+    assert [e.kind for e in state.history] == ["task"]
+    assert [e.kind for e in store.load("shapeless").history] == ["task"]
