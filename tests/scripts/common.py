@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -28,6 +29,10 @@ ARGS = argparse.Namespace()
 WORK = Path()
 RESUMED = False
 PHASE = "first"
+
+# Ctrl+C is a KeyboardInterrupt here even when the tests were started with SIGINT ignored
+# (a shell's background job, nohup): Python installs its handler only if SIGINT was not.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def parse_args(*extra: str) -> argparse.Namespace:
