@@ -15,6 +15,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess test
         "(or reinstall the plugin: pip install alpineagents-s3)"
     ) from e
 
+from alpineagents_s3._packing import Packed
 from alpineagents_s3._reading import StoredObject
 from alpineagents_s3._store import S3Store
 from alpineagents_s3.errors import (
@@ -35,6 +36,7 @@ __all__ = [
     "ConcurrentWriteError",
     "ConditionalWritesUnsupportedError",
     "CorruptStateError",
+    "Packed",
     "S3AccessDeniedError",
     "S3Store",
     "S3StoreError",

@@ -2,19 +2,32 @@
 
 An entry object's body is the entry dict as JSON; the snapshot object's body is the snapshot
 (or info) dict as JSON, or ``null`` for a State created without one (alpineagents 0.2-0.4 may
-do that in the middle of a turn). The store reads nothing in them but an entry's ``seq``.
+do that in the middle of a turn). A packed segment's body is a JSON object naming its format and
+range, with the entries of that range, in seq order, under ``"entries"``. The store reads nothing
+in them but an entry's ``seq``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from alpineagents_s3.errors import CorruptStateError
+from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
 
-__all__ = ["dumps", "loads_entry", "loads_snapshot", "validate_id"]
+__all__ = [
+    "dumps",
+    "dumps_segment",
+    "loads_entry",
+    "loads_segment",
+    "loads_snapshot",
+    "validate_id",
+]
+
+# The format of a packed segment's body; a newer one is refused, not misread.
+SEGMENT_FORMAT: Final = 1
+SEGMENT_FIELD: Final = "alpineagents-segment"
 
 _ID: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -73,6 +86,45 @@ def loads_entry(body: bytes, where: str, seq: int) -> dict[str, Any]:
             "damaged or moved"
         )
     return entry
+
+
+def dumps_segment(start: int, bodies: Sequence[bytes]) -> bytes:
+    """A packed segment of the entries ``start`` on, given as their JSON (from :func:`dumps`)."""
+    end = start + len(bodies)
+    head = f'{{"{SEGMENT_FIELD}":{SEGMENT_FORMAT},"start":{start},"end":{end},"entries":['
+    return head.encode() + b",".join(bodies) + b"]}"
+
+
+def loads_segment(body: bytes, where: str, start: int, end: int) -> list[dict[str, Any]]:
+    """The entries ``start`` to ``end - 1`` of a packed segment, checked like entry objects."""
+    segment = _loads(body, where)
+    if not isinstance(segment, dict) or SEGMENT_FIELD not in segment:
+        raise CorruptStateError(f"{where} is not a packed segment of S3Store")
+    version = segment[SEGMENT_FIELD]
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CorruptStateError(f"{where} has the segment format {version!r}")
+    if version > SEGMENT_FORMAT:
+        raise SchemaVersionError(
+            f"{where} is a packed segment of format {version}, newer than the installed "
+            f"alpineagents-s3 reads ({SEGMENT_FORMAT}): upgrade alpineagents-s3 to read it"
+        )
+    entries = segment.get("entries")
+    if (segment.get("start"), segment.get("end")) != (start, end) or not isinstance(entries, list):
+        raise CorruptStateError(
+            f"{where} does not hold entries {start} to {end - 1} as its name says: the object "
+            "was damaged or moved"
+        )
+    if len(entries) != end - start:
+        raise CorruptStateError(
+            f"{where} holds {len(entries)} entries, not the {end - start} its name says"
+        )
+    for seq, entry in enumerate(entries, start):
+        if not isinstance(entry, dict) or entry.get("seq") != seq:
+            got = entry.get("seq") if isinstance(entry, dict) else type(entry).__name__
+            raise CorruptStateError(
+                f"{where} holds {got!r} where history entry {seq} belongs: the object was damaged"
+            )
+    return entries
 
 
 def loads_snapshot(body: bytes, where: str) -> dict[str, Any] | None:

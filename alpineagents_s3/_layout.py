@@ -2,8 +2,9 @@
 
 Layout under the store's prefix::
 
-    {id}/snapshot.json                     the rest of the State; metadata names its generation
-    {id}/entries/{generation}/{seq}.json   one immutable object per history entry
+    {id}/snapshot.json                           the rest of the State; names the generation
+    {id}/entries/{generation}/{seq}.json         one immutable object per history entry
+    {id}/packed/{generation}/{start}-{end}.json  a packed segment: entries start to end - 1
 
 ``seq`` is zero-padded to ten digits, so lexical order is seq order. A *generation* is a random
 token chosen when a State is created: entries are written under it before the snapshot that names
@@ -44,6 +45,7 @@ from alpineagents_s3.errors import (
 
 SNAPSHOT: Final = "snapshot.json"
 ENTRIES: Final = "entries/"
+PACKED: Final = "packed/"
 SEQ_DIGITS: Final = 10
 GENERATION_META: Final = "alpineagents-generation"
 WRITE_META: Final = "alpineagents-write"
@@ -69,6 +71,7 @@ CLAIMER_META: Final = "alpineagents-claimer"
 PAGE: Final = 1000
 
 _ENTRY_NAME = re.compile(rf"([0-9a-f]+)/([0-9]{{{SEQ_DIGITS}}})\.json")
+_SEGMENT_NAME = re.compile(rf"([0-9a-f]+)/([0-9]{{{SEQ_DIGITS}}})-([0-9]{{{SEQ_DIGITS}}})\.json")
 
 
 def new_generation() -> str:
@@ -177,6 +180,32 @@ class Layout:
         """``(generation, seq)`` of an entry key, or ``None`` for a key S3Store did not name."""
         match = _ENTRY_NAME.fullmatch(key.removeprefix(self.entries_prefix(state_id)))
         return (match[1], int(match[2])) if match else None
+
+    def packed_prefix(self, state_id: str) -> str:
+        """The prefix of a State's packed segments, all generations."""
+        return f"{self.root}{state_id}/{PACKED}"
+
+    def segment_key(self, state_id: str, generation: str, start: int, end: int) -> str:
+        """The key of the packed segment holding entries ``start`` to ``end - 1``."""
+        return (
+            f"{self.root}{state_id}/{PACKED}{generation}/"
+            f"{start:0{SEQ_DIGITS}d}-{end:0{SEQ_DIGITS}d}.json"
+        )
+
+    def parse_segment_key(self, state_id: str, key: str) -> tuple[str, int, int] | None:
+        """``(generation, start, end)`` of a segment key, or ``None`` for another key."""
+        match = _SEGMENT_NAME.fullmatch(key.removeprefix(self.packed_prefix(state_id)))
+        if not match or int(match[3]) <= int(match[2]):
+            return None
+        return match[1], int(match[2]), int(match[3])
+
+    def generation_of(self, state_id: str, key: str) -> str | None:
+        """The generation an entry or segment key belongs to (``None``: neither)."""
+        entry = self.parse_entry_key(state_id, key)
+        if entry is not None:
+            return entry[0]
+        segment = self.parse_segment_key(state_id, key)
+        return segment[0] if segment is not None else None
 
     # Calls -----------------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
 """The steps of ``S3Store.read``, ``list`` and ``objects``, and the listing they share.
 
-A read GETs the snapshot and lists the entries at once, then GETs the entries of each page while
-it lists the next. It returns the unbroken run of entries from seq 0 only; entries beyond a gap
-(orphans of a save that was stopped halfway) are remembered with their ETags, not returned. The
-snapshot's metadata says how many entries were stored when it was written: a run shorter than
-that (a writer added entries between our listing and our snapshot GET) is listed again, and one
-that stays shorter means entry objects were deleted.
+A read GETs the snapshot and lists the packed segments and the entries at once, then GETs the
+segments (``_segments``), then the entries after them, each page while it lists the next. It
+returns the unbroken run of entries from seq 0 only; entries beyond a gap (orphans of a save that
+was stopped halfway) are remembered with their ETags, not returned. The snapshot's metadata says
+how many entries were stored when it was written: a run shorter than that (a writer added entries
+between our listing and our snapshot GET, or a pack removed entries it had packed) is listed
+again, segments included, and one that stays shorter means entry objects were deleted.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from alpineagents_s3._layout import (
     Layout,
     StoredSnapshot,
 )
+from alpineagents_s3._segments import Segment, chain, read_chain, segments_in
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES
 from alpineagents_s3._versions import Ledger, Version, unbroken_run
@@ -62,10 +64,11 @@ class StoredObject:
     Attributes:
         key: The object's key in the bucket.
         size: Its size in bytes.
-        kind: ``"snapshot"``, ``"entry"`` (a history entry of the State), ``"abandoned"`` (an
-            entry of a create that did not finish or lost a race: never read, removed with
-            the State) or ``"other"`` (not written by S3Store).
-        seq: The history entry's seq, for entries.
+        kind: ``"snapshot"``, ``"entry"`` (a history entry of the State), ``"segment"`` (a
+            packed segment of the State's entries, see ``S3Store.pack``), ``"abandoned"`` (an
+            entry or segment of a create that did not finish or lost a race: never read,
+            removed with the State) or ``"other"`` (not written by S3Store).
+        seq: The history entry's seq, for entries; the first seq it holds, for segments.
         last_modified: When S3 stored it.
     """
 
@@ -87,56 +90,160 @@ def get_snapshot(layout: Layout, state_id: str, action: str) -> Steps[StoredSnap
     return layout.stored_snapshot(state_id, outcome)
 
 
+@dataclass
+class Gathered:
+    """What a read found of a State, before deciding which entries are its own.
+
+    Attributes:
+        stored: The snapshot object.
+        entries: The unbroken run of entries from seq 0 (from segments and entry objects), and
+            entries beyond it that extend no run.
+        listed: The entry objects of the snapshot's generation listed (seq: key, ETag); seqs
+            read from segments may be missing.
+        segments: The packed segments of the generation last listed.
+        run: How many entries from seq 0 on were read without a hole.
+        packed: How many entries from seq 0 on were read from segments (a damaged segment is
+            listed in ``segments`` but ends this).
+    """
+
+    stored: StoredSnapshot
+    entries: dict[int, Fetched]
+    listed: dict[int, tuple[str, str]]
+    segments: list[Segment]
+    run: int
+    packed: int
+
+
 def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
     """The State's Record: the snapshot and the unbroken run of entries from seq 0."""
     validate_id(state_id)
     held = ledger.versions.get(state_id)
+    found = yield from gather(layout, state_id)
+    if found is None:
+        return None
+    stored, entries, listed = found.stored, found.entries, found.listed
+    # Beyond the count, only entries saved on top of this very snapshot are the State's.
+    also = (stored.meta.claimed_from, stored.meta.claimer)
+    gap = _vouched(entries, stored.meta.count or 0, stored.etag, found.run, also)
+    orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
+    if orphans:
+        logger.info(
+            "%s: %d entry object(s) beyond seq %d, where a save was stopped halfway, are left "
+            "out; the next save replaces or removes them",
+            layout.url(layout.entries_prefix(state_id)),
+            len(orphans),
+            gap,
+        )
+    version = Version(stored.etag, stored.meta.generation, count=stored.meta.count)
+    ledger.remember(state_id, held, version, gap, orphans)
+    logger.debug("read %s: %d entries", layout.url(layout.snapshot_key(state_id)), gap)
+    return _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)
+
+
+def gather(layout: Layout, state_id: str) -> Steps[Gathered | None]:
+    """The snapshot, and the entries from seq 0 on: from packed segments, then entry objects.
+
+    Round 1 GETs the snapshot and lists the segments and the first page of entries; round 2
+    GETs the segments (and lists the entries after them); then the entries after the
+    segments are fetched, page by page. ``None`` when there is no snapshot.
+    """
     prefix = layout.entries_prefix(state_id)
     snap_key = layout.snapshot_key(state_id)
-    snap_out, page = yield from layout.send([layout.get(snap_key), layout.list_page(prefix)])
+    snap_out, packed_page, page = yield from layout.send(
+        [
+            layout.get(snap_key),
+            layout.list_page(layout.packed_prefix(state_id)),
+            layout.list_page(prefix),
+        ]
+    )
     if isinstance(snap_out, Exception):
         if error_code(snap_out) in NOT_FOUND_CODES:
             return None
         layout.fail(snap_out, snap_key, "GetObject")
     stored = layout.stored_snapshot(state_id, snap_out)
     generation = stored.meta.generation
-    listed: dict[int, tuple[str, str]] = {}
-    entries: dict[int, Fetched] = {}
-    yield from scan(layout, state_id, generation, page, listed, entries)
-
-    # A writer may have added entries between our listing and our snapshot GET.
+    mine = f"{prefix}{generation}/"
     covered = stored.meta.count
+    segments = yield from _listed_segments(layout, state_id, generation, packed_page)
+
+    # The segments first, with the listing of the entries after them in the same round.
+    packed: dict[int, dict[str, Any]] = {}
+    damaged: str | None = None
+    start = 0  # entries below it were read from segments
+    listed_from = 0  # the seq ``page`` lists from
+    for _ in range(RELISTS):
+        picked = [s for s in chain(segments, covered) if s.end > start]
+        if not picked:
+            break
+        extra = []
+        if start == 0 and (isinstance(page, Exception) or page.get("IsTruncated")):
+            listed_from = picked[-1].end
+            last = layout.entry_key(state_id, generation, listed_from - 1)
+            extra = [layout.list_page(mine, StartAfter=last)]
+        reach, others = yield from read_chain(layout, picked, packed, extra)
+        if others:
+            page = others[0]
+        start = max(start, reach.end)
+        damaged = damaged or reach.damaged
+        if not reach.gone:
+            break
+        # A later pack merged a segment into a bigger one (and removed it): list them again.
+        (packed_page,) = yield from layout.send([layout.list_page(layout.packed_prefix(state_id))])
+        segments = yield from _listed_segments(layout, state_id, generation, packed_page)
+    entries = {seq: Fetched(entry, None) for seq, entry in packed.items()}
+    del packed
+    if start < listed_from:  # a segment was damaged or gone: list the entries it covered
+        skip = {"StartAfter": layout.entry_key(state_id, generation, start - 1)} if start else {}
+        (page,) = yield from layout.send([layout.list_page(mine, **skip)])
+    listed: dict[int, tuple[str, str]] = {}
+    jump = layout.entry_key(state_id, generation, start - 1) if start else None
+    yield from scan(layout, state_id, generation, page, listed, entries, after=jump, start=start)
+
+    # A writer may have added entries between our listing and our snapshot GET, and a pack
+    # may have removed entry objects it packed since we listed segments.
     for _ in range(RELISTS):
         gap = unbroken_run(entries)
         if covered is None or gap >= covered:
             break
-        start = {"StartAfter": layout.entry_key(state_id, generation, gap - 1)} if gap else {}
-        (page,) = yield from layout.send([layout.list_page(f"{prefix}{generation}/", **start)])
-        yield from scan(layout, state_id, generation, page, listed, entries)
+        skip = {"StartAfter": layout.entry_key(state_id, generation, gap - 1)} if gap else {}
+        page, packed_page = yield from layout.send(
+            [layout.list_page(mine, **skip), layout.list_page(layout.packed_prefix(state_id))]
+        )
+        segments = yield from _listed_segments(layout, state_id, generation, packed_page)
+        picked = [s for s in chain(segments, covered) if s.end > gap]
+        if picked:
+            more: dict[int, dict[str, Any]] = {}
+            reach, _ = yield from read_chain(layout, picked, more)
+            damaged = damaged or reach.damaged
+            if picked[0].start <= start:
+                start = max(start, reach.end)
+            for seq, entry in more.items():
+                entries.setdefault(seq, Fetched(entry, None))
+        yield from scan(
+            layout, state_id, generation, page, listed, entries, start=unbroken_run(entries)
+        )
     gap = unbroken_run(entries)
     if covered is not None and gap < covered:
+        why = f" (a packed segment is damaged: {damaged})" if damaged else ""
         raise CorruptStateError(
             f"{layout.url(snap_key)} accounts for {covered} history entries, but "
-            f"{layout.url(prefix)}{generation}/ holds {gap} in a row from seq 0: entry objects "
-            "were deleted or moved. Restore them from a bucket version, or delete the State"
+            f"{layout.url(mine)} holds {gap} in a row from seq 0{why}: entry objects were "
+            "deleted or moved. Restore them from a bucket version, or delete the State"
         )
+    return Gathered(stored, entries, listed, segments, gap, start)
 
-    # Beyond the count, only entries saved on top of this very snapshot are the State's.
-    also = (stored.meta.claimed_from, stored.meta.claimer)
-    gap = _vouched(entries, covered or 0, stored.etag, gap, also)
-    orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
-    if orphans:
-        logger.info(
-            "%s: %d entry object(s) beyond seq %d, where a save was stopped halfway, are left "
-            "out; the next save replaces or removes them",
-            layout.url(prefix),
-            len(orphans),
-            gap,
-        )
-    found = Version(stored.etag, generation, count=stored.meta.count)
-    ledger.remember(state_id, held, found, gap, orphans)
-    logger.debug("read %s: %d entries", layout.url(snap_key), gap)
-    return _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)
+
+def _listed_segments(
+    layout: Layout, state_id: str, generation: str, page: Outcome
+) -> Steps[list[Segment]]:
+    """The segments of ``generation`` in a listing of the State's packed prefix, every page."""
+    prefix = layout.packed_prefix(state_id)
+    if isinstance(page, Exception):
+        layout.fail(page, prefix, "ListObjectsV2")
+    items = list(page.get("Contents", ()))
+    if page.get("IsTruncated"):
+        items = yield from list_all(layout, prefix)
+    return segments_in(layout, state_id, generation, items)
 
 
 def _vouched(
@@ -191,12 +298,14 @@ def scan(
     into: dict[int, Fetched] | None = None,
     *,
     after: str | None = None,
+    start: int = 0,
 ) -> Steps[None]:
     """List the entries of ``generation`` from ``page`` on into ``listed`` (seq: key, ETag).
 
     With ``into``, also GET the entries that extend the unbroken run from seq 0, each round
-    fetching the entries of one page while it lists the next. Seqs up to the key ``after`` are
-    not needed: a truncated listing of all generations skips to it.
+    fetching the entries of one page while it lists the next, from seq ``start`` on (the seqs
+    before it are in ``into`` already). Seqs up to the key ``after`` are not needed: a
+    truncated listing of all generations skips to it.
     """
     prefix = layout.entries_prefix(state_id)
     mine = f"{prefix}{generation}/"
@@ -222,7 +331,7 @@ def scan(
                 ]
         wanted: list[int] = []
         if into is not None:
-            seq = 0
+            seq = start
             while seq in listed:
                 if seq not in into:
                     wanted.append(seq)
@@ -339,12 +448,16 @@ def objects(layout: Layout, state_id: str) -> Steps[list[StoredObject]]:
     for item in items:
         key = item["Key"]
         parsed = layout.parse_entry_key(state_id, key)
-        seq = parsed[1] if parsed else None
+        segment = layout.parse_segment_key(state_id, key)
+        seq = parsed[1] if parsed else segment[1] if segment else None
+        owner = parsed[0] if parsed else segment[0] if segment else None
         if key == snap_key:
             kind = "snapshot"
-        elif parsed is None:
+        elif owner is None:
             kind = "other"
+        elif owner != generation:
+            kind = "abandoned"
         else:
-            kind = "entry" if parsed[0] == generation else "abandoned"
+            kind = "entry" if parsed else "segment"
         found.append(StoredObject(key, int(item["Size"]), kind, seq, item["LastModified"]))
     return found

@@ -16,6 +16,7 @@ from alpineagents_s3._clients import Clients, endpoint_identity
 from alpineagents_s3._contract import Record, Store, Summary
 from alpineagents_s3._deleting import delete
 from alpineagents_s3._layout import Layout
+from alpineagents_s3._packing import Packed, pack
 from alpineagents_s3._reading import StoredObject, list_states, objects, read
 from alpineagents_s3._steps import Steps
 from alpineagents_s3._sweeping import SWEEP_AGE, sweep
@@ -262,6 +263,26 @@ class S3Store(Store):
         """Every object under the State's prefix, with its size and role, in key order."""
         return self._sync.run(self._steps(objects, state_id))
 
+    def pack(self, state_id: str, *, remove_entries: bool = False) -> Packed:
+        """Pack the State's saved entries into a few large objects, so it loads in 3 rounds.
+
+        The entries the stored snapshot counts are written into *packed segments*, objects of
+        at least 128 KiB (or one object, for a smaller State), each written once with
+        ``If-None-Match: *``. A load then reads the snapshot, the segments and the entries
+        saved after the pack: at most 3 rounds of requests, whatever the history's length.
+        Packing again packs what was saved since, merging small segments into larger ones so
+        that a State keeps a few. It is safe while the State is being run: only entries that
+        are final are packed, and no save waits for it or is refused because of it.
+
+        ``remove_entries=True`` also removes the entry objects the segments cover (archiving:
+        a finished State becomes its snapshot and a few large objects, which lifecycle rules
+        can move to colder storage classes). Readers then need this alpineagents-s3 or later.
+
+        Raises ``StateNotFoundError`` (a ``KeyError``) for an unknown id, also when the State
+        is deleted while being packed (the segments written are removed again).
+        """
+        return self._sync.run(self._steps(pack, state_id, remove_entries))
+
     def sweep(self, older_than: float = SWEEP_AGE) -> builtins.list[str]:
         """Remove what creates that died left behind; return the keys removed.
 
@@ -334,6 +355,10 @@ class S3Store(Store):
     async def aobjects(self, state_id: str) -> builtins.list[StoredObject]:
         """Async ``objects``, on aioboto3."""
         return await self._async.run(self._steps(objects, state_id))
+
+    async def apack(self, state_id: str, *, remove_entries: bool = False) -> Packed:
+        """Async ``pack``, on aioboto3."""
+        return await self._async.run(self._steps(pack, state_id, remove_entries))
 
     async def asweep(self, older_than: float = SWEEP_AGE) -> builtins.list[str]:
         """Async ``sweep``, on aioboto3."""

@@ -50,12 +50,12 @@ def sweep(layout: Layout, older_than: float, now: datetime | None = None) -> Ste
         if rest == SNAPSHOT:
             snapshots.add(state_id)
             continue
-        parsed = layout.parse_entry_key(state_id, key) if state_id else None
-        if parsed is None:
+        generation = layout.generation_of(state_id, key) if state_id else None
+        if generation is None:
             continue
-        keys, newest = found[state_id].get(parsed[0], ([], item["LastModified"]))
+        keys, newest = found[state_id].get(generation, ([], item["LastModified"]))
         keys.append(key)
-        found[state_id][parsed[0]] = (keys, max(newest, item["LastModified"]))
+        found[state_id][generation] = (keys, max(newest, item["LastModified"]))
     named = yield from _named_generations(layout, [s for s in found if s in snapshots])
     doomed: list[str] = []
     for state_id, generations in found.items():

@@ -1001,7 +1001,11 @@ def test_a_read_lists_again_when_the_snapshot_counts_entries_it_missed(
     stale = bucket.list_objects_v2(Prefix=f"{ROOT}s/entries/")
     bucket.rules.append(
         Rule(
-            lambda c: c.method == "list_objects_v2" and "StartAfter" not in c.params,
+            lambda c: (
+                c.method == "list_objects_v2"
+                and c.params["Prefix"].endswith("/entries/")
+                and "StartAfter" not in c.params
+            ),
             lambda c: stale,
         )
     )

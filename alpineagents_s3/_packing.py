@@ -1,0 +1,183 @@
+"""The steps of ``S3Store.pack``: a State's final entries in a few large objects.
+
+Only the entries the stored snapshot counts are packed: those are final (every later save,
+claim or orphan replacement touches seqs from the count on), so a packed segment never
+contradicts the entry objects it covers, even while the State is being run. A segment is
+written once, with ``If-None-Match: *``; its key names the range it holds.
+
+Sizes stay few and large. The entries not yet packed become new segments of about
+:data:`SEGMENT_MAX` each, which also take in the segments at the end of the chain that are
+smaller than that and no larger than the new entries (or any, while those are under
+:data:`SEGMENT_MIN`): like carries in a binary counter, a State packed again and again keeps a
+few segments under ``SEGMENT_MAX`` besides its full ones, each of at least 128 KiB but the one
+segment of a small State. The segments taken in are removed once the new ones are stored; a
+reader that listed one of them meets a 404 and lists the segments again.
+
+With ``remove_entries``, the entry objects a segment covers are removed too, for archiving:
+the State is then its snapshot, its segments and the entries saved after the pack. Every
+guarantee of the entry objects holds: writers only list, read, claim or replace entries from the
+snapshot's count on, above every segment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from alpineagents_s3._codec import dumps, dumps_segment, loads_segment, validate_id
+from alpineagents_s3._deleting import delete_keys
+from alpineagents_s3._layout import GENERATION_META, Layout
+from alpineagents_s3._reading import gather, list_all
+from alpineagents_s3._segments import Segment, chain
+from alpineagents_s3._steps import Steps, error_code
+from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
+from alpineagents_s3.errors import CorruptStateError
+
+logger = logging.getLogger("alpineagents_s3")
+
+# S3 lifecycle rules by default do not transition objects smaller than this.
+SEGMENT_MIN: Final = 128 * 1024
+# A segment is cut once it holds this much: a load then fetches several at once, and holds the
+# bytes of one while it parses it, and a merge never rewrites more than this.
+SEGMENT_MAX: Final = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What ``S3Store.pack`` did to one State.
+
+    Attributes:
+        state_id: The State.
+        covered: How many entries from seq 0 on are held by packed segments now.
+        written: The keys of the segments written.
+        removed: The keys removed: segments taken into a larger one, and, with
+            ``remove_entries``, the entry objects the segments cover.
+    """
+
+    state_id: str
+    covered: int
+    written: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
+def pack(layout: Layout, state_id: str, remove_entries: bool) -> Steps[Packed]:
+    """Pack the entries the stored snapshot counts; see the module docstring."""
+    validate_id(state_id)
+    found = yield from gather(layout, state_id)
+    if found is None:
+        raise layout.not_found(state_id)
+    generation = found.stored.meta.generation
+    count = found.stored.meta.count or 0  # no count recorded: nothing is known to be final
+    # Only segments this read could read from seq 0 on: a damaged one is written again.
+    segments = [s for s in chain(found.segments, count) if s.end <= found.packed]
+    covered = segments[-1].end if segments else 0
+    written: list[str] = []
+    if covered < count:
+        where = f"State {state_id!r}"
+        bodies = {
+            seq: dumps(found.entries[seq].entry, f"history entry {seq} of {where}")
+            for seq in range(covered, count)
+        }
+        size = sum(map(len, bodies.values()))
+        while segments and (size < SEGMENT_MIN or segments[-1].size <= min(size, SEGMENT_MAX - 1)):
+            merged = segments.pop()
+            size += merged.size
+            for seq in range(merged.start, merged.end):
+                bodies[seq] = dumps(found.entries[seq].entry, f"history entry {seq} of {where}")
+        first = min(bodies)
+        new = []
+        for start, end in cut(first, [len(bodies[seq]) for seq in range(first, count)]):
+            key = layout.segment_key(state_id, generation, start, end)
+            new.append(
+                (key, start, end, dumps_segment(start, [bodies[s] for s in range(start, end)]))
+            )
+        del bodies
+        yield from _put_segments(layout, new)
+        for key, start, end, body in new:
+            written.append(key)
+            segments.append(Segment(key, start, end, len(body)))
+        del new
+
+    # A State deleted (or deleted and created again) meanwhile must not keep the new segment.
+    snap_key = layout.snapshot_key(state_id)
+    (head,) = yield from layout.send([layout.head(snap_key)])
+    if isinstance(head, Exception) and error_code(head) not in NOT_FOUND_CODES:
+        layout.fail(head, snap_key, "HeadObject (after a pack)")
+    if isinstance(head, Exception) or head.get("Metadata", {}).get(GENERATION_META) != generation:
+        yield from delete_keys(layout, written, required=False)
+        raise layout.not_found(state_id, ": it was deleted while it was being packed")
+
+    reach = segments[-1].end if segments else 0
+    kept = {segment.key for segment in segments}
+    doomed = [s.key for s in found.segments if s.key not in kept and s.end <= reach]
+    if remove_entries and reach:
+        mine = f"{layout.entries_prefix(state_id)}{generation}/"
+        for item in (yield from list_all(layout, mine)):
+            parsed = layout.parse_entry_key(state_id, item["Key"])
+            if parsed is not None and parsed[0] == generation and parsed[1] < reach:
+                doomed.append(item["Key"])
+    yield from delete_keys(layout, doomed, required=True)
+    logger.debug(
+        "packed %s: %d entries in %d segment(s); wrote %d, removed %d objects",
+        layout.url(layout.state_prefix(state_id)),
+        reach,
+        len(segments),
+        len(written),
+        len(doomed),
+    )
+    return Packed(state_id, reach, tuple(written), tuple(doomed))
+
+
+def cut(first: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Ranges ``(start, end)`` of entries ``first`` on, of about :data:`SEGMENT_MAX` bytes each.
+
+    ``sizes`` are the entries' sizes in bytes. A range ends once it holds ``SEGMENT_MAX`` bytes
+    or more; a last range under :data:`SEGMENT_MIN` joins the one before it.
+    """
+    ranges: list[tuple[int, int]] = []
+    start, held = first, 0
+    for seq, size in enumerate(sizes, first):
+        held += size
+        if held >= SEGMENT_MAX:
+            ranges.append((start, seq + 1))
+            start, held = seq + 1, 0
+    end = first + len(sizes)
+    if start < end:
+        if ranges and held < SEGMENT_MIN:
+            ranges[-1] = (ranges[-1][0], end)
+        else:
+            ranges.append((start, end))
+    return ranges
+
+
+def _put_segments(layout: Layout, new: Sequence[tuple[str, int, int, bytes]]) -> Steps[None]:
+    """PUT segments with ``If-None-Match: *``; one already there must hold the same entries.
+
+    Two packs of one State write the same segments (the same final entries); anything else
+    under a segment's key is not S3Store's segment, and nothing is removed on its strength.
+    """
+    puts = [layout.put(key, body, IfNoneMatch="*") for key, _, _, body in new]
+    outcomes = yield from layout.send(puts)
+    for (key, start, end, body), outcome in zip(new, outcomes, strict=True):
+        if not isinstance(outcome, Exception):
+            continue
+        if error_code(outcome) not in PRECONDITION_CODES:
+            layout.fail(outcome, key, "PutObject", "If-None-Match: *")
+        (there,) = yield from layout.send([layout.get(key)])
+        if isinstance(there, Exception):
+            layout.fail(there, key, "GetObject (a segment another pack wrote)")
+        where = layout.url(key)
+        why = "it holds other entries"
+        try:
+            if loads_segment(there["Body"], where, start, end) == loads_segment(
+                body, where, start, end
+            ):
+                continue
+        except CorruptStateError as e:
+            why = str(e).removeprefix(f"{where} ")
+        raise CorruptStateError(
+            f"{where} is in the way of packing entries {start} to {end - 1} of the State: "
+            f"{why}. S3Store did not write it: delete it and pack again"
+        )

@@ -1,0 +1,118 @@
+"""Packed segments: finding them in a listing, choosing which to read, reading them.
+
+A packed segment holds a contiguous range of a State's entries in one object (written by
+``S3Store.pack``). It only ever covers entries below the count of a snapshot that had landed:
+those entries are final (a save, a claim or an orphan replacement only touches seqs from the
+count on), so a segment never contradicts the entry objects it covers, and a reader may take
+either. A reader uses a *chain*: segments from seq 0 on, each starting where the one before
+ended, the longest reach first. A segment that is gone (a later pack merged it into a bigger
+one) is listed again; a damaged one ends the chain there, and the entries it covers are read
+from their own objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from alpineagents_s3._codec import loads_segment
+from alpineagents_s3._layout import Layout
+from alpineagents_s3._steps import Call, Outcome, Steps, error_code
+from alpineagents_s3._translate import NOT_FOUND_CODES
+from alpineagents_s3.errors import CorruptStateError
+
+logger = logging.getLogger("alpineagents_s3")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A packed segment as listed: its key, the entries ``start`` to ``end - 1``, its size."""
+
+    key: str
+    start: int
+    end: int
+    size: int
+
+
+@dataclass
+class Reach:
+    """What reading a chain of segments gave.
+
+    Attributes:
+        end: Entries from seq 0 up to ``end`` were read from segments.
+        gone: A segment of the chain was not found (replaced by a later pack): list again.
+        damaged: What was wrong with a damaged segment, if one was met.
+    """
+
+    end: int = 0
+    gone: bool = False
+    damaged: str | None = None
+
+
+def segments_in(
+    layout: Layout, state_id: str, generation: str, items: Sequence[Mapping[str, Any]]
+) -> list[Segment]:
+    """The segments of ``generation`` among listed objects (ListObjectsV2 ``Contents``)."""
+    found = []
+    for item in items:
+        parsed = layout.parse_segment_key(state_id, item["Key"])
+        if parsed is not None and parsed[0] == generation:
+            found.append(Segment(item["Key"], parsed[1], parsed[2], int(item.get("Size", 0))))
+    return found
+
+
+def chain(segments: Sequence[Segment], limit: int | None) -> list[Segment]:
+    """Segments from seq 0 on, each starting where the last ended, none beyond ``limit``.
+
+    ``limit`` is the count of the snapshot read: a segment never covers more (one that does is
+    not S3Store's, and is ignored), and without a count no segment is used.
+    """
+    if not limit:
+        return []
+    reach: dict[int, Segment] = {}
+    for segment in segments:
+        if segment.end <= limit:
+            best = reach.get(segment.start)
+            if best is None or segment.end > best.end:
+                reach[segment.start] = segment
+    picked = []
+    at = 0
+    while at in reach:
+        picked.append(reach[at])
+        at = reach[at].end
+    return picked
+
+
+def read_chain(
+    layout: Layout,
+    picked: Sequence[Segment],
+    into: dict[int, dict[str, Any]],
+    extra: Sequence[Call] = (),
+) -> Steps[tuple[Reach, list[Outcome]]]:
+    """GET the segments ``picked`` (with the calls ``extra`` in the same round) into ``into``.
+
+    Returns how far from ``picked[0].start`` the entries were read, and the outcomes of
+    ``extra``. A segment not found or damaged ends the reach there; any other failure raises.
+    """
+    outcomes = yield from layout.send([*extra, *(layout.get(s.key) for s in picked)])
+    reach = Reach(picked[0].start if picked else 0)
+    for i, segment in enumerate(picked, len(extra)):
+        outcome, outcomes[i] = outcomes[i], {}  # the bytes are not kept once parsed
+        if isinstance(outcome, Exception):
+            if error_code(outcome) in NOT_FOUND_CODES:
+                reach.gone = True
+                break
+            layout.fail(outcome, segment.key, "GetObject")
+        where = layout.url(segment.key)
+        try:
+            entries = loads_segment(outcome.pop("Body"), where, segment.start, segment.end)
+        except CorruptStateError as e:
+            logger.warning("%s; reading its entries from their own objects instead", e)
+            reach.damaged = str(e)
+            break
+        for seq, entry in enumerate(entries, segment.start):
+            into[seq] = entry
+        reach.end = segment.end
+    return reach, outcomes[: len(extra)]
