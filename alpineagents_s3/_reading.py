@@ -38,6 +38,9 @@ logger = logging.getLogger("alpineagents_s3")
 
 # How often a read lists again when the snapshot accounts for more entries than it found.
 RELISTS = 3
+# Keys of the first listing of entries, made before the read knows which are packed: a small
+# page is quick to answer, and the pages after it are full ones.
+FIRST_PAGE = 100
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ def gather(layout: Layout, state_id: str) -> Steps[Gathered | None]:
         [
             layout.get(snap_key),
             layout.list_page(layout.packed_prefix(state_id)),
-            layout.list_page(prefix),
+            layout.list_page(prefix, MaxKeys=FIRST_PAGE),
         ]
     )
     if isinstance(snap_out, Exception):
