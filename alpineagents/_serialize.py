@@ -41,6 +41,8 @@ from alpineagents.history import (
     check_text,
     is_int,
     model_text,
+    plain_model_text,
+    plain_stored_data,
     shown,
 )
 from alpineagents.history import check_json as check_json
@@ -146,9 +148,47 @@ def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
     by its seq once that is known, and the field by its path. A model entry without
     ``text`` gets the text of its text blocks.
 
-    A load calls this for every entry: the usual case takes the first branch of each check
-    and builds no message.
+    A load calls this for every entry. An entry of the shape alpineagents writes (exact JSON
+    types, ASCII text, a model response, tool result, message or task) is checked here with
+    type tests alone; any other goes through :func:`_checked_entry`, which checks each field
+    in turn and names the one that is wrong. Both accept and refuse the same entries, and
+    build the same entry from one they accept.
     """
+    if type(raw) is dict:
+        get = raw.get
+        version, seq, kind, data, at = get("v"), get("seq"), get("kind"), get("data"), get("at")
+        text = get("text", _ABSENT)
+        if (
+            type(version) is int
+            and version <= SCHEMA_VERSION
+            and type(seq) is int
+            and seq >= 0
+            and type(kind) is str
+            and type(data) is dict
+            and type(at) is str
+        ):
+            if kind == MODEL:
+                blocks_text = plain_model_text(data)
+                plain = blocks_text is not None
+                if text is _ABSENT and version >= 2:
+                    text = blocks_text
+            else:
+                plain = plain_stored_data(kind, data)
+            if plain and type(text) is str and text.isascii():
+                try:
+                    when = _from_iso(at)
+                except ValueError:
+                    when = None
+                if when is not None and when.tzinfo is not None:
+                    return HistoryEntry(seq, cast(EntryKind, kind), text, data, None, when)
+    return _checked_entry(raw, owner, position)
+
+
+_from_iso: Final = datetime.fromisoformat
+
+
+def _checked_entry(raw: Any, owner: str, position: int) -> HistoryEntry:
+    """:func:`entry_from_dict` one check at a time, each field named when it is wrong."""
     if not isinstance(raw, dict):
         raise DamagedStateError(
             owner,
@@ -274,8 +314,11 @@ def state_from_record(
     covered = values["entries"]
 
     history = [entry_from_dict(raw, owner, i) for i, raw in enumerate(entries)]
-    history.sort(key=_SEQ)
-    for position, entry in enumerate(history):
+    # A store that reads entries in seq order (FileStore does) needs no sort and has no gap.
+    in_order = list(map(_SEQ, history)) == list(range(len(history)))
+    if not in_order:
+        history.sort(key=_SEQ)
+    for position, entry in enumerate([] if in_order else history):
         if entry.seq < position:
             raise DamagedStateError(owner, f"history entry {entry.seq}: stored twice")
         if entry.seq > position:
