@@ -314,20 +314,9 @@ def state_from_record(
     covered = values["entries"]
 
     history = [entry_from_dict(raw, owner, i) for i, raw in enumerate(entries)]
-    # A store that reads entries in seq order (FileStore does) needs no sort and has no gap.
-    in_order = list(map(_SEQ, history)) == list(range(len(history)))
-    if not in_order:
-        history.sort(key=_SEQ)
-    for position, entry in enumerate([] if in_order else history):
-        if entry.seq < position:
-            raise DamagedStateError(owner, f"history entry {entry.seq}: stored twice")
-        if entry.seq > position:
-            if position < covered:
-                break  # reported below: the snapshot names a missing entry
-            # A store that writes a save's entries in parallel was stopped halfway: what
-            # follows the gap was never part of a complete save, and is left out.
-            history = history[:position]
-            break
+    # Entries read in seq order with none missing (as FileStore reads them) need neither.
+    if list(map(_SEQ, history)) != list(range(len(history))):
+        history = _in_seq_order(history, covered, owner)
     if covered > len(history) or history[covered - 1].seq != covered - 1:
         raise DamagedStateError(
             owner,
@@ -359,6 +348,21 @@ def state_from_record(
         updated_at=values["updated_at"],
     )
     return state, covered
+
+
+def _in_seq_order(history: list[HistoryEntry], covered: int, owner: str) -> list[HistoryEntry]:
+    """History sorted by seq, up to its first gap past the ``covered`` entries; no seq twice."""
+    history = sorted(history, key=_SEQ)
+    for position, entry in enumerate(history):
+        if entry.seq < position:
+            raise DamagedStateError(owner, f"history entry {entry.seq}: stored twice")
+        if entry.seq > position:
+            if position < covered:
+                break  # reported by the caller: the snapshot names a missing entry
+            # A store that writes a save's entries in parallel was stopped halfway: what
+            # follows the gap was never part of a complete save, and is left out.
+            return history[:position]
+    return history
 
 
 def _snapshot_values(snapshot: Any, state_id: str, owner: str) -> dict[str, Any]:

@@ -295,16 +295,16 @@ def test_the_quick_parser_takes_a_line_only_as_json_loads_does() -> None:
     alphabet = b' \t\r\n\x0b\x00"\\/{}[],:-+.0123456789eEnultrfasNIy\xc3\xa9\xed\xa0\x80\xff'
     lines = list(EDGES)
     for _ in range(30_000):
-        line = bytearray(rng.choice(good))
+        damaged = bytearray(rng.choice(good))
         for _ in range(rng.randint(1, 3)):
-            at, how = rng.randrange(len(line) + 1), rng.random()
+            at, how = rng.randrange(len(damaged) + 1), rng.random()
             if how < 0.4:
-                line[at : at + 1] = bytes([rng.choice(alphabet)])
+                damaged[at : at + 1] = bytes([rng.choice(alphabet)])
             elif how < 0.7:
-                line.insert(at, rng.choice(alphabet))
+                damaged.insert(at, rng.choice(alphabet))
             else:
-                del line[at : at + rng.randint(1, 4)]
-        lines.append(bytes(line))
+                del damaged[at : at + rng.randint(1, 4)]
+        lines.append(bytes(damaged))
     taken = 0
     for line in lines:
         quick = parsed(filestore_module._quick_json, line)
