@@ -155,9 +155,11 @@ def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
     build the same entry from one they accept.
     """
     if type(raw) is dict:
-        get = raw.get
-        version, seq, kind, data, at = get("v"), get("seq"), get("kind"), get("data"), get("at")
-        text = get("text", _ABSENT)
+        try:
+            version, seq, kind, data, at = raw["v"], raw["seq"], raw["kind"], raw["data"], raw["at"]
+        except KeyError:
+            return _checked_entry(raw, owner, position)
+        text = raw.get("text", _ABSENT)
         if (
             type(version) is int
             and version <= SCHEMA_VERSION
