@@ -201,6 +201,27 @@ def big_state(n: int) -> State:
     return state
 
 
+@pytest.mark.parametrize("compact", [True, False])
+def test_an_agents_entries_load_without_the_full_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compact: bool
+) -> None:
+    # What a run saves (its task, replies with tool calls, results, the person's message) is
+    # all of the usual shape, with model entries of either form: none is checked one field at
+    # a time.
+    monkeypatch.setattr(serialize_module, "_WRITE_COMPACT", compact)
+    store = FileStore(tmp_path)
+    state = agent_state(store, steps=5)
+    state.add_user_message("thanks")
+    store.save(state)
+    full: list[Any] = []
+    monkeypatch.setattr(serialize_module, "_checked_entry", lambda *args: full.append(args))
+    loaded = FileStore(tmp_path).load("run")
+    assert full == [] and loaded.history == state.history
+    assert {e.kind for e in loaded.history} == {"task", "model", "tool_result", "user"}
+    versions = {line["v"] for line in stored_lines(store, "run") if line["kind"] == MODEL}
+    assert versions == ({2} if compact else {1})
+
+
 def test_a_load_builds_no_message_for_good_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
