@@ -41,6 +41,8 @@ from alpineagents.history import (
     check_text,
     is_int,
     model_text,
+    plain_model_text,
+    plain_stored_data,
     shown,
 )
 from alpineagents.history import check_json as check_json
@@ -146,9 +148,49 @@ def entry_from_dict(raw: Any, owner: str, position: int) -> HistoryEntry:
     by its seq once that is known, and the field by its path. A model entry without
     ``text`` gets the text of its text blocks.
 
-    A load calls this for every entry: the usual case takes the first branch of each check
-    and builds no message.
+    A load calls this for every entry. An entry of the shape alpineagents writes (exact JSON
+    types, ASCII text, a model response, tool result, message or task) is checked here with
+    type tests alone; any other goes through :func:`_checked_entry`, which checks each field
+    in turn and names the one that is wrong. Both accept and refuse the same entries, and
+    build the same entry from one they accept.
     """
+    if type(raw) is dict:
+        try:
+            version, seq, kind, data, at = raw["v"], raw["seq"], raw["kind"], raw["data"], raw["at"]
+        except KeyError:
+            return _checked_entry(raw, owner, position)
+        text = raw.get("text", _ABSENT)
+        if (
+            type(version) is int
+            and version <= SCHEMA_VERSION
+            and type(seq) is int
+            and seq >= 0
+            and type(kind) is str
+            and type(data) is dict
+            and type(at) is str
+        ):
+            if kind == MODEL:
+                blocks_text = plain_model_text(data)
+                plain = blocks_text is not None
+                if text is _ABSENT and version >= 2:
+                    text = blocks_text
+            else:
+                plain = plain_stored_data(kind, data)
+            if plain and type(text) is str and text.isascii():
+                try:
+                    when = _from_iso(at)
+                except ValueError:
+                    when = None
+                if when is not None and when.tzinfo is not None:
+                    return HistoryEntry(seq, cast(EntryKind, kind), text, data, None, when)
+    return _checked_entry(raw, owner, position)
+
+
+_from_iso: Final = datetime.fromisoformat
+
+
+def _checked_entry(raw: Any, owner: str, position: int) -> HistoryEntry:
+    """:func:`entry_from_dict` one check at a time, each field named when it is wrong."""
     if not isinstance(raw, dict):
         raise DamagedStateError(
             owner,
@@ -274,17 +316,9 @@ def state_from_record(
     covered = values["entries"]
 
     history = [entry_from_dict(raw, owner, i) for i, raw in enumerate(entries)]
-    history.sort(key=_SEQ)
-    for position, entry in enumerate(history):
-        if entry.seq < position:
-            raise DamagedStateError(owner, f"history entry {entry.seq}: stored twice")
-        if entry.seq > position:
-            if position < covered:
-                break  # reported below: the snapshot names a missing entry
-            # A store that writes a save's entries in parallel was stopped halfway: what
-            # follows the gap was never part of a complete save, and is left out.
-            history = history[:position]
-            break
+    # Entries read in seq order with none missing (as FileStore reads them) need neither.
+    if list(map(_SEQ, history)) != list(range(len(history))):
+        history = _in_seq_order(history, covered, owner)
     if covered > len(history) or history[covered - 1].seq != covered - 1:
         raise DamagedStateError(
             owner,
@@ -316,6 +350,21 @@ def state_from_record(
         updated_at=values["updated_at"],
     )
     return state, covered
+
+
+def _in_seq_order(history: list[HistoryEntry], covered: int, owner: str) -> list[HistoryEntry]:
+    """History sorted by seq, up to its first gap past the ``covered`` entries; no seq twice."""
+    history = sorted(history, key=_SEQ)
+    for position, entry in enumerate(history):
+        if entry.seq < position:
+            raise DamagedStateError(owner, f"history entry {entry.seq}: stored twice")
+        if entry.seq > position:
+            if position < covered:
+                break  # reported by the caller: the snapshot names a missing entry
+            # A store that writes a save's entries in parallel was stopped halfway: what
+            # follows the gap was never part of a complete save, and is left out.
+            return history[:position]
+    return history
 
 
 def _snapshot_values(snapshot: Any, state_id: str, owner: str) -> dict[str, Any]:

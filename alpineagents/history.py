@@ -298,6 +298,9 @@ def ends_turn(entry: HistoryEntry) -> bool:
 # and ``tool_result`` are the API's names for blocks an adapter translates: never stored.
 _TRANSLATED_BLOCKS: Final = frozenset({"tool_use", "tool_result"})
 _BLOCK_TYPE: Final = re.compile(r"[a-z][a-z0-9_]*")
+# What a model entry's data without ``content`` or ``usage`` has (never changed).
+_NO_BLOCKS: Final[list[dict[str, Any]]] = []
+_NO_USAGE: Final[dict[str, int]] = {}
 
 
 def check_stored_data(kind: str, data: dict[str, Any], seq: int) -> None:
@@ -362,6 +365,76 @@ def check_model_data(data: dict[str, Any]) -> str:
     if model is not None and type(model) is not str:
         _optional(data, "model", str)
     return texts[0] if len(texts) == 1 else "".join(texts)
+
+
+def plain_model_text(data: dict[str, Any]) -> str | None:
+    """The text of a stored model entry's ``data`` of the usual shape, else ``None``.
+
+    The quick half of :func:`check_model_data`, for a load: exact JSON types only, no path
+    or message built. A ``data`` it answers for passes :func:`check_model_data`, which would
+    return the same text; ``None`` means "check it with :func:`check_model_data`", which
+    then says what is wrong, or accepts a shape this one leaves to it.
+    """
+    content = data.get("content", _NO_BLOCKS)
+    if type(content) is not list:
+        return None
+    texts = []
+    for block in content:
+        if type(block) is not dict:
+            return None
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if type(text) is not str:
+                return None
+            texts.append(text)
+        elif kind == "tool_call":
+            call_id, name = block.get("id"), block.get("name")
+            if (
+                type(call_id) is not str
+                or not call_id
+                or type(name) is not str
+                or not name
+                or type(block.get("input")) is not dict
+            ):
+                return None
+        elif type(kind) is not str or kind in _TRANSLATED_BLOCKS or not _BLOCK_TYPE.fullmatch(kind):
+            return None
+    stop_reason, model = data.get("stop_reason"), data.get("model")
+    if stop_reason is not None and type(stop_reason) is not str:
+        return None
+    if model is not None and type(model) is not str:
+        return None
+    usage = data.get("usage", _NO_USAGE)
+    if type(usage) is not dict:
+        return None
+    for count in usage.values():
+        if type(count) is not int:
+            return None
+    return texts[0] if len(texts) == 1 else "".join(texts)
+
+
+def plain_stored_data(kind: str, data: dict[str, Any]) -> bool:
+    """Whether the ``data`` of a stored entry of ``kind`` (not a model entry) is of the usual shape.
+
+    The quick half of :func:`check_stored_data` for the kinds a run makes most (tool results,
+    the person's messages, the task): exact JSON types only, no message built. True means
+    that check passes; False means "check it with :func:`check_stored_data`".
+    """
+    if kind == TOOL_RESULT:
+        call_id, name = data.get("call_id"), data.get("name")
+        is_error, unknown = data.get("is_error"), data.get("unknown")
+        return (
+            type(call_id) is str
+            and call_id != ""
+            and (name is None or type(name) is str)
+            and (is_error is None or type(is_error) is bool)
+            and (unknown is None or type(unknown) is bool)
+        )
+    if kind == USER:
+        answers = data.get("answers")
+        return answers is None or type(answers) is str
+    return kind == TASK
 
 
 def model_text(content: list[dict[str, Any]]) -> str | None:
