@@ -16,6 +16,11 @@ from typing import Any, Final
 
 from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
 
+try:  # installed with pydantic, which alpineagents needs; optional here
+    from pydantic_core import from_json as _quick_json
+except ImportError:  # pragma: no cover - depends on what is installed
+    _quick_json = None  # type: ignore[assignment]
+
 __all__ = [
     "dumps",
     "dumps_segment",
@@ -95,9 +100,24 @@ def dumps_segment(start: int, bodies: Sequence[bytes]) -> bytes:
     return head.encode() + b",".join(bodies) + b"]}"
 
 
+def _loads_large(body: bytes, where: str) -> Any:
+    """:func:`_loads` of a large body, by pydantic_core's parser when it is installed.
+
+    It parses in about half the time ``json.loads`` takes and shares the str of each key
+    between entries. It gives the same value for what it takes; what it refuses (a lone
+    surrogate, a byte order mark, damage) goes to ``json.loads``, which decides.
+    """
+    if _quick_json is not None:
+        try:
+            return _quick_json(body, allow_inf_nan=True, cache_strings=True)
+        except (ValueError, RecursionError):
+            pass
+    return _loads(body, where)
+
+
 def loads_segment(body: bytes, where: str, start: int, end: int) -> list[dict[str, Any]]:
     """The entries ``start`` to ``end - 1`` of a packed segment, checked like entry objects."""
-    segment = _loads(body, where)
+    segment = _loads_large(body, where)
     if not isinstance(segment, dict) or SEGMENT_FIELD not in segment:
         raise CorruptStateError(f"{where} is not a packed segment of S3Store")
     version = segment[SEGMENT_FIELD]

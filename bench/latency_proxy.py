@@ -7,8 +7,10 @@ requests in ~10-30 ms), so round trips show in wall time as they would on S3, wh
 emulator on this machine answers in microseconds of network. With ``cache_gets``, a GET of an
 object (no query string, no Range) the proxy has answered before, and that no PUT, POST or
 DELETE through the proxy has touched since, is answered from the proxy's memory (after the
-delay): the emulator's CPU, which real S3 does not spend on the client's machine, stays out of
-the figures. Only requests through the proxy invalidate its cache: write through it.
+delay), and so is a listing (ListObjectsV2) it has answered before with no PUT, POST or DELETE
+through the proxy since: the emulator's CPU, which real S3 does not spend on the client's
+machine, stays out of the figures (moto lists by going through every key of the bucket). Only
+requests through the proxy invalidate its cache: write through it.
 
 The proxy counts requests by method, cache hits, and *waves*: how many times a request
 started while none was in flight, a lower bound on the sequential round trips of the client.
@@ -156,10 +158,11 @@ class LatencyProxy:
 
     def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> Cached:
         path = handler.path
+        listing = "list-type=2" in urlsplit(path).query.split("&")
         cacheable = (
             self.cache_gets
             and handler.command == "GET"
-            and "?" not in path
+            and ("?" not in path or listing)
             and "range" not in {k.lower() for k in handler.headers}
         )
         if cacheable:
@@ -174,6 +177,9 @@ class LatencyProxy:
                     self._cache.clear()  # DeleteObjects names its keys in the body
                 else:
                     self._cache.pop(path.split("?", 1)[0], None)
+                    # Any write may change any listing.
+                    for cached in [p for p in self._cache if "?" in p]:
+                        del self._cache[cached]
         answer = self._forward(handler, body)
         if cacheable and answer.status == 200:
             with self._guard:

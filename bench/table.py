@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -105,11 +106,13 @@ class Variant:
         name: As printed.
         s3: An S3Store (else a FileStore).
         pack: Call ``S3Store.pack(state_id)`` after saving (packed segments).
+        remove_entries: ``pack(state_id, remove_entries=True)``: the entry objects go.
     """
 
     name: str
     s3: bool
     pack: bool = False
+    remove_entries: bool = False
 
     def missing(self) -> str | None:
         """Why this variant cannot run in this checkout, or None."""
@@ -119,7 +122,7 @@ class Variant:
 
     @property
     def prefix(self) -> str:
-        return self.name.lower().replace(" ", "-")
+        return "-".join(re.findall(r"[a-z0-9]+", self.name.lower()))
 
 
 BASELINE = "S3Store"
@@ -127,6 +130,7 @@ VARIANTS = (
     Variant("FileStore", s3=False),
     Variant(BASELINE, s3=True),
     Variant("S3Store packed", s3=True, pack=True),
+    Variant("S3Store packed, entries removed", s3=True, pack=True, remove_entries=True),
 )
 
 
@@ -363,7 +367,7 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
         writer.save(make_state(n, state.id))
         if variant.pack:
             assert isinstance(writer, S3Store)
-            writer.pack(state.id)  # type: ignore[attr-defined, unused-ignore]
+            writer.pack(state.id, remove_entries=variant.remove_entries)
         for via in ("proxy", "direct"):
             store = bench.store(variant, via)
             peak: int | None = None

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import boto3
+
 ROOT = Path(__file__).resolve().parent.parent
 DELAY_MS = 20
 
@@ -67,12 +69,11 @@ def test_the_table_has_every_store_and_its_figures_hold_together(tmp_path: Path)
     assert peer["wall"] is None
     assert "not installed" in peer["note"]
     assert "not installed" in printed
-    # The packed variant runs exactly when S3Store can pack; otherwise it is named as left out.
-    from alpineagents_s3 import S3Store
-
-    can_pack = callable(getattr(S3Store, "pack", None))
-    assert (("S3Store packed", "proxy") in by_key) is can_pack
-    assert any("S3Store packed" in line for line in figures["left_out"]) is not can_pack
+    # The packed variants: the snapshot and one segment; the segments and the entries listed
+    # (10 entry objects kept fit the first page).
+    for name in ("S3Store packed", "S3Store packed, entries removed"):
+        for via in ("proxy", "direct"):
+            assert by_key[(name, via)]["requests"] == {"GET": 2, "LIST": 2}, (name, via)
 
     for (store, via), row in by_key.items():
         if row["wall"] is None:
@@ -101,3 +102,31 @@ def test_the_table_has_every_store_and_its_figures_hold_together(tmp_path: Path)
     table = [line for line in printed.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| N | store | via | wall |")
     assert len([line for line in table if line.startswith("| 10 |")]) == len(rows)
+
+
+def test_the_proxy_answers_repeated_reads_and_listings_until_a_write(moto_url: str) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from latency_proxy import LatencyProxy
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    with LatencyProxy(moto_url, 0.001) as proxy:
+        client = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1")
+        client.create_bucket(Bucket="proxied")
+        client.put_object(Bucket="proxied", Key="a", Body=b"1")
+
+        def keys() -> list[str]:
+            listed = client.list_objects_v2(Bucket="proxied", Prefix="")
+            return [item["Key"] for item in listed.get("Contents", ())]
+
+        assert keys() == ["a"] and client.get_object(Bucket="proxied", Key="a")["Body"].read()
+        hits = proxy.stats.cache_hits
+        assert keys() == ["a"] and client.get_object(Bucket="proxied", Key="a")["Body"].read()
+        assert proxy.stats.cache_hits == hits + 2  # both answered from the proxy's memory
+        client.put_object(Bucket="proxied", Key="b", Body=b"2")  # a write: listings are stale
+        assert keys() == ["a", "b"]
+        client.delete_objects(Bucket="proxied", Delete={"Objects": [{"Key": "b"}]})
+        assert keys() == ["a"]
+        client.delete_object(Bucket="proxied", Key="a")
+        assert keys() == []
+        assert proxy.stats.cache_hits == hits + 2

@@ -16,6 +16,7 @@ import pytest
 
 from alpineagents import State, _saving
 from alpineagents_s3._layout import BASE_META, PENDING, PENDING_META, WRITER_META
+from alpineagents_s3._reading import FIRST_PAGE
 from alpineagents_s3.testing import RequestLog
 from tests.helpers import Mode, entry_dicts, tool_turn
 from tests.s3.helpers import Stores, body, entry_key, raw_client
@@ -66,7 +67,9 @@ async def test_a_load_is_one_listing_per_1000_entries_and_one_get_per_object(
     log = RequestLog()
     io = stores.io(mode, event_hooks=log.hooks)
     entries = 1 + 2 * turns
-    expected = {"GET": entries + 1, "LIST": 2 + entries // 1000}  # segments, entries
+    # The segments, a first page of 100 entries, then pages of 1,000.
+    pages = 1 + -(-max(0, entries - FIRST_PAGE) // 1000)
+    expected = {"GET": entries + 1, "LIST": 1 + pages}
     assert await counted(log, io.load(state.id)) == expected
 
 
