@@ -223,15 +223,33 @@ def test_archive_from_a_folder_into_a_bucket(tmp_path: Path, moto_url: str, aws:
     folder = tmp_path / "agent-runs"
     fill(FileStore(folder))
     env = offline_env(moto_url)
-    run(
-        example("archive.py", str(folder), f"s3://{bucket}/2026", "--older-than", "0s"),
+    before = FileStore(folder).load("finished")
+    moved = run(
+        example("archive.py", str(folder), f"s3://{bucket}/2026", "--older-than", "0s", "--pack"),
         env,
         tmp_path,
     )
+    assert "packed: finished (" in moved.stdout
     assert sorted(s.id for s in FileStore(folder).list()) == ["asking", "running"]
     with S3Store(bucket, "2026", endpoint_url=moto_url) as cold:
         assert sorted(s.id for s in cold.list()) == ["finished", "replied"]
-        assert cold.load("finished").answer == "ok"
+        after = cold.load("finished")
+        assert after.answer == "ok" and after.history == before.history
+        # Packed, the entry objects removed: the snapshot and one segment each.
+        for state_id in ("finished", "replied"):
+            assert sorted(o.kind for o in cold.objects(state_id)) == ["segment", "snapshot"]
+
+
+def test_archive_packs_only_into_a_bucket(tmp_path: Path, moto_url: str) -> None:
+    done = subprocess.run(
+        example("archive.py", str(tmp_path), str(tmp_path / "b"), "--pack"),
+        env=offline_env(moto_url),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"--pack: {tmp_path / 'b'} is not an S3 store" in done.stderr
 
 
 def test_archive_refuses_a_bad_age(tmp_path: Path, moto_url: str) -> None:
