@@ -1,10 +1,19 @@
 """An adversarial review of packed segments (``S3Store.pack``, issue 10), on moto's server.
 
-Each test tries one way a pack could break a promise of docs/s3.md; sync and async. The tests
-marked ``xfail(strict=True)`` prove a hole of the packing as first written: they fail on it
-(the marker keeps CI green) and pass, loudly, once the hole is closed. The others pin promises
-that hold. Segment sizes are made small (``SEGMENT_MIN``) so that States of a few dozen entries
-take the paths large States take, in a second.
+Each test tries one way a pack could break a promise of docs/s3.md, through the sync and the
+async API. The tests marked ``xfail(strict=True)`` prove a hole of the packing as first written
+(bbb14be): they fail on it, the marker keeps CI green, and they pass, loudly, once the hole is
+closed:
+
+1. two packs at once leave overlapping segments, which a load cannot chain;
+2. ``remove_entries`` removes the entry objects whose conditional create refuses a copy behind;
+3. a load holds the bytes of every segment at once;
+4. the archiving flow of the docs (pack, then move) leaves one object per entry in the archive;
+5. a load that read the snapshot before a save and a pack with ``remove_entries`` fails.
+
+The others pin promises that hold. Races run in a ``before-call`` hook of the store object under
+test, so the interleaving is exact. ``SEGMENT_MIN`` is made small where sizes matter, so States
+of a few dozen entries take the paths large States take.
 """
 
 from __future__ import annotations
