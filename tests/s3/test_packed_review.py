@@ -179,7 +179,8 @@ async def test_a_copy_behind_is_refused_when_entries_are_kept(mode: Mode, stores
 @pytest.mark.xfail(
     strict=True,
     reason="hole 2: remove_entries removes the entry objects whose If-None-Match 412 refuses "
-    "a copy behind; its save is accepted, lowers the count and the State no longer loads",
+    "a copy behind; its save is acknowledged, its entries are in no load, and the State mixes "
+    "its data with the newer copy's history",
 )
 async def test_a_copy_behind_is_refused_after_remove_entries(mode: Mode, stores: Stores) -> None:
     """One store object, two copies of a State (two requests of one web process).
