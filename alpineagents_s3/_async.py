@@ -155,6 +155,8 @@ async def _call(client: Any, call: Call) -> Outcome:
                 response["Body"] = await body.read()
             finally:
                 body.close()
+            if call.then is not None:
+                response["Body"] = call.then(response["Body"])
     except Exception as e:  # noqa: BLE001 - any failure of a call is an outcome
         return e
     return response

@@ -137,13 +137,14 @@ def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
             len(orphans),
             gap,
         )
-    version = Version(stored.etag, stored.meta.generation, count=stored.meta.count)
+    count = stored.meta.count
+    version = Version(stored.etag, stored.meta.generation, count=count, landed=count or 0)
     ledger.remember(state_id, held, version, gap, orphans)
     logger.debug("read %s: %d entries", layout.url(layout.snapshot_key(state_id)), gap)
     return _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)
 
 
-def gather(layout: Layout, state_id: str) -> Steps[Gathered | None]:
+def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathered | None]:
     """The snapshot, and the entries from seq 0 on: from packed segments, then entry objects.
 
     Round 1 GETs the snapshot and lists the segments and the first page of entries; round 2
@@ -226,6 +227,16 @@ def gather(layout: Layout, state_id: str) -> Steps[Gathered | None]:
             layout, state_id, generation, page, listed, entries, start=unbroken_run(entries)
         )
     gap = unbroken_run(entries)
+    if covered is not None and gap < covered and again:
+        # A save and a pack (remove_entries) since our snapshot GET: the segment reaches
+        # beyond the count we read, and the entries we listed are gone. Read the State again.
+        (head,) = yield from layout.send([layout.head(snap_key)])
+        if isinstance(head, Exception):
+            if error_code(head) in NOT_FOUND_CODES:
+                return None
+            layout.fail(head, snap_key, "HeadObject")
+        if head.get("ETag") != stored.etag:
+            return (yield from gather(layout, state_id, again - 1))
     if covered is not None and gap < covered:
         why = f" (a packed segment is damaged: {damaged})" if damaged else ""
         raise CorruptStateError(

@@ -4,24 +4,25 @@ A packed segment holds a contiguous range of a State's entries in one object (wr
 ``S3Store.pack``). It only ever covers entries below the count of a snapshot that had landed:
 those entries are final (a save, a claim or an orphan replacement only touches seqs from the
 count on), so a segment never contradicts the entry objects it covers, and a reader may take
-either. A reader uses a *chain*: segments from seq 0 on, each starting where the one before
-ended, the longest reach first. A segment that is gone (a later pack merged it into a bigger
-one) is listed again; a damaged one ends the chain there, and the entries it covers are read
-from their own objects.
+either. A reader uses a *chain*: segments from seq 0 on, each starting at or before the seq
+where the one before ended, the longest reach first. A segment that is gone (a later pack
+merged it into a bigger one) is listed again; a damaged one ends the chain there, and the
+entries it covers are read from their own objects.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from alpineagents_s3._codec import loads_segment
 from alpineagents_s3._layout import Layout
 from alpineagents_s3._steps import Call, Outcome, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES
-from alpineagents_s3.errors import CorruptStateError
+from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
 
 logger = logging.getLogger("alpineagents_s3")
 
@@ -64,25 +65,28 @@ def segments_in(
 
 
 def chain(segments: Sequence[Segment], limit: int | None) -> list[Segment]:
-    """Segments from seq 0 on, each starting where the last ended, none beyond ``limit``.
+    """Segments that cover seqs 0 on without a hole, none beyond ``limit``.
 
-    ``limit`` is the count of the snapshot read: a segment never covers more (one that does is
-    not S3Store's, and is ignored), and without a count no segment is used.
+    At each seq, the segment that starts at or before it and reaches furthest: two packs at
+    once may have cut the entries differently, and segments that overlap hold the same final
+    entries. ``limit`` is the count of the snapshot read: a segment never covers more (one that
+    does is not S3Store's, and is ignored), and without a count no segment is used.
     """
     if not limit:
         return []
-    reach: dict[int, Segment] = {}
-    for segment in segments:
-        if segment.end <= limit:
-            best = reach.get(segment.start)
-            if best is None or segment.end > best.end:
-                reach[segment.start] = segment
-    picked = []
-    at = 0
-    while at in reach:
-        picked.append(reach[at])
-        at = reach[at].end
-    return picked
+    usable = sorted((s for s in segments if s.end <= limit), key=lambda s: s.start)
+    picked: list[Segment] = []
+    at = i = 0
+    while True:
+        best: Segment | None = None
+        while i < len(usable) and usable[i].start <= at:
+            if usable[i].end > at and (best is None or usable[i].end > best.end):
+                best = usable[i]
+            i += 1
+        if best is None:
+            return picked
+        picked.append(best)
+        at = best.end
 
 
 def read_chain(
@@ -96,23 +100,39 @@ def read_chain(
     Returns how far from ``picked[0].start`` the entries were read, and the outcomes of
     ``extra``. A segment not found or damaged ends the reach there; any other failure raises.
     """
-    outcomes = yield from layout.send([*extra, *(layout.get(s.key) for s in picked)])
+    gets = [
+        replace(layout.get(s.key), then=partial(_parse, layout.url(s.key), s.start, s.end))
+        for s in picked
+    ]
+    outcomes = yield from layout.send([*extra, *gets])
     reach = Reach(picked[0].start if picked else 0)
     for i, segment in enumerate(picked, len(extra)):
-        outcome, outcomes[i] = outcomes[i], {}  # the bytes are not kept once parsed
+        outcome, outcomes[i] = outcomes[i], {}  # the entries are not kept twice
         if isinstance(outcome, Exception):
             if error_code(outcome) in NOT_FOUND_CODES:
                 reach.gone = True
                 break
             layout.fail(outcome, segment.key, "GetObject")
-        where = layout.url(segment.key)
-        try:
-            entries = loads_segment(outcome.pop("Body"), where, segment.start, segment.end)
-        except CorruptStateError as e:
-            logger.warning("%s; reading its entries from their own objects instead", e)
-            reach.damaged = str(e)
+        entries = outcome.pop("Body")
+        if isinstance(entries, bytes):  # a driver that does not apply ``then``
+            entries = _parse(layout.url(segment.key), segment.start, segment.end, entries)
+        if isinstance(entries, SchemaVersionError):
+            raise entries
+        if isinstance(entries, CorruptStateError):
+            logger.warning("%s; reading its entries from their own objects instead", entries)
+            reach.damaged = str(entries)
             break
         for seq, entry in enumerate(entries, segment.start):
             into[seq] = entry
         reach.end = segment.end
     return reach, outcomes[: len(extra)]
+
+
+def _parse(
+    where: str, start: int, end: int, body: bytes
+) -> list[dict[str, Any]] | CorruptStateError | SchemaVersionError:
+    """A segment's entries, or what is wrong with it (the drivers apply it as bodies arrive)."""
+    try:
+        return loads_segment(body, where, start, end)
+    except (CorruptStateError, SchemaVersionError) as e:
+        return e

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias, TypeVar
 
 from botocore.exceptions import ClientError
@@ -35,10 +35,16 @@ CONFLICT_BACKOFF: Final = 0.05
 
 @dataclass(frozen=True)
 class Call:
-    """One S3 client call: a method name of the client and its keyword arguments."""
+    """One S3 client call: a method name of the client and its keyword arguments.
+
+    ``then``, for a GetObject, is applied by the driver to the body's bytes as soon as they are
+    read (a packed segment is parsed while the other objects of its batch are still on the
+    way); its value becomes the ``Body``. It must not raise: it returns what went wrong.
+    """
 
     method: str
     params: dict[str, Any]
+    then: Callable[[bytes], Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,8 @@ def _call(client: Any, call: Call) -> Outcome:
                 response["Body"] = body.read()
             finally:
                 body.close()
+            if call.then is not None:
+                response["Body"] = call.then(response["Body"])
     except Exception as e:  # noqa: BLE001 - any failure of a call is an outcome
         return e
     return response

@@ -41,6 +41,9 @@ class Version:
             landed: S3 may have applied them, so finding one of them stored means "our own".
         refused: The first write of this store object came from a copy behind the stored
             snapshot: every later write is refused until it reads the State again.
+        landed: The count of the snapshot this store object last wrote or read: the entries
+            below it are final, and may be packed and their objects removed, so a save that
+            sends one of them again is checked against what is stored, not by its PUT.
     """
 
     etag: str
@@ -51,6 +54,7 @@ class Version:
     count: int | None = None
     unsure: frozenset[str] = frozenset()
     refused: bool = False
+    landed: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,10 @@ class Ledger:
         if held is not None and same and not held.refused:
             # A save of ours may be under way: its pending entries are not read, but stored.
             count = max(held.count or 0, gap)
-            self.versions[state_id] = replace(held, gap=gap, orphans=orphans, count=count)
+            landed = max(held.landed, read.landed)
+            self.versions[state_id] = replace(
+                held, gap=gap, orphans=orphans, count=count, landed=landed
+            )
         else:
             self.versions[state_id] = replace(read, gap=gap, orphans=orphans, floor=gap, count=gap)
 

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -45,7 +46,7 @@ from alpineagents_s3._layout import (
     new_generation,
     new_token,
 )
-from alpineagents_s3._reading import get_snapshot, scan
+from alpineagents_s3._reading import gather, get_snapshot, scan
 from alpineagents_s3._steps import Hold, Release, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger, PendingCreate, Version, first_seq
@@ -102,6 +103,9 @@ def write(
             f"from entry {first}. Load it again with store.load({state_id!r}) and continue "
             "from what is saved"
         )
+    if first is not None and first < version.landed:
+        entries = yield from _already_final(layout, state_id, version.landed, entries, bodies)
+        first = first_seq(entries) if entries else None
     if version.unsure:
         version = yield from _settle(layout, ledger, state_id, version)
     rest = entries
@@ -141,6 +145,39 @@ def write(
         layout.url(layout.root),
         snapshot is not None,
     )
+
+
+def _already_final(
+    layout: Layout,
+    state_id: str,
+    landed: int,
+    entries: Sequence[dict[str, Any]],
+    bodies: Mapping[int, bytes],
+) -> Steps[list[dict[str, Any]]]:
+    """``entries`` without those below ``landed``, which must be the ones stored.
+
+    Entries below the count of a snapshot this store object wrote or read are final; a pack
+    may have removed their objects, so a PUT of one would not meet a 412. A save that sends
+    them again (a retried save) leaves them as they are; one that sends other entries there
+    comes from a copy of the State older than that snapshot, and is refused. Reads the State
+    once: only a retried save or a copy behind gets here.
+    """
+    found = yield from gather(layout, state_id)
+    if found is None:
+        raise layout.not_found(state_id)
+    for entry in entries:
+        seq = entry["seq"]
+        if seq >= landed:
+            continue
+        stored = found.entries.get(seq)
+        if stored is None or stored.entry != json.loads(bodies[seq]):
+            raise ConcurrentWriteError(
+                f"State {state_id!r} was saved since this copy of it was loaded: "
+                f"{layout.url(layout.snapshot_key(state_id))} counts {landed} history entries, "
+                f"and this save holds another entry {seq}. Load it again with "
+                f"store.load({state_id!r}) and continue from what is saved"
+            )
+    return [entry for entry in entries if entry["seq"] >= landed]
 
 
 def _first_write(
@@ -434,7 +471,10 @@ def _replace_snapshot(
             ledger.pending_creates[state_id] = replace(pending, tokens=pending.tokens | {token})
         (outcome,) = yield from layout.send([put])
         if not isinstance(outcome, Exception):
-            ledger.versions[state_id] = replace(version, etag=outcome["ETag"], unsure=frozenset())
+            landed = max(version.landed, version.count or 0)
+            ledger.versions[state_id] = replace(
+                version, etag=outcome["ETag"], unsure=frozenset(), landed=landed
+            )
             return
         code = error_code(outcome)
         if code not in NOT_FOUND_CODES and code not in PRECONDITION_CODES:
@@ -451,7 +491,10 @@ def _replace_snapshot(
         if current.meta.generation != version.generation or current.meta.token not in ours:
             break
         # Our own write, whose answer was lost.
-        ledger.versions[state_id] = replace(version, etag=current.etag, unsure=frozenset())
+        landed = max(version.landed, current.meta.count or 0)
+        ledger.versions[state_id] = replace(
+            version, etag=current.etag, unsure=frozenset(), landed=landed
+        )
         if current.body == body:
             return
     # Keep the old version: every later write of this State here is refused too.

@@ -1,15 +1,14 @@
 """An adversarial review of packed segments (``S3Store.pack``, issue 10), on moto's server.
 
 Each test tries one way a pack could break a promise of docs/s3.md, through the sync and the
-async API. The tests marked ``xfail(strict=True)`` prove a hole of the packing as first written
-(bbb14be): they fail on it, the marker keeps CI green, and they pass, loudly, once the hole is
-closed:
+async API. Five tests prove a hole of the packing as first written (bbb14be): each failed on
+it, and passes since its fix:
 
 1. two packs at once leave overlapping segments, which a load cannot chain;
 2. ``remove_entries`` removes the entry objects whose conditional create refuses a copy behind;
 3. a load holds the bytes of every segment at once;
-4. the archiving flow of the docs (pack, then move with examples/archive.py) leaves one object
-   per entry in the archive;
+4. the archiving flow of the docs (pack, then move with examples/archive.py) left one object
+   per entry in the archive (``archive.py --pack`` packs what it moves);
 5. a load that read the snapshot before a save and a pack with ``remove_entries`` fails.
 
 The others pin promises that hold. Races run in a ``before-call`` hook of the store object under
@@ -104,11 +103,6 @@ class Before:
 # Hole 1 -------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole 1: two packs at once leave overlapping segments; the chain needs exact joins, "
-    "so entries removed by one pack are unreachable",
-)
 async def test_two_packs_at_once_that_cut_differently_keep_the_state_loadable(
     mode: Mode, stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,12 +173,6 @@ async def test_a_copy_behind_is_refused_when_entries_are_kept(mode: Mode, stores
     assert (await load(stores.new(), mode, state.id)).history == state.history
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole 2: remove_entries removes the entry objects whose If-None-Match 412 refuses "
-    "a copy behind; its save is acknowledged, its entries are in no load, and the State mixes "
-    "its data with the newer copy's history",
-)
 async def test_a_copy_behind_is_refused_after_remove_entries(mode: Mode, stores: Stores) -> None:
     """One store object, two copies of a State (two requests of one web process).
 
@@ -236,11 +224,6 @@ class HeldAtParse:
         return self.original(body, where, start, end)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole 3: a load GETs every segment in one batch and parses them only once all have "
-    "arrived, so every segment's bytes are alive at once",
-)
 async def test_a_load_does_not_hold_every_segments_bytes_at_once(
     mode: Mode, stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,11 +245,6 @@ async def test_a_load_does_not_hold_every_segments_bytes_at_once(
 # Hole 5 -------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole 5: a load that read the snapshot before a save and a pack with remove_entries "
-    "ignores the new segment (beyond its count) and raises CorruptStateError on a sound State",
-)
 async def test_a_load_meets_a_save_and_a_pack_removing_the_entries_it_listed(
     mode: Mode, stores: Stores
 ) -> None:
@@ -301,12 +279,6 @@ async def test_a_load_meets_a_save_and_a_pack_removing_the_entries_it_listed(
 # Hole 4 -------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole 4: the archiving the docs describe (pack finished States, move them with "
-    "examples/archive.py to the prefix the lifecycle rule watches) leaves one small object per "
-    "entry in the archive",
-)
 def test_the_archive_job_leaves_finished_states_packed(
     stores: Stores, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -321,7 +293,7 @@ def test_the_archive_job_leaves_finished_states_packed(
     assert {o.kind for o in live.objects("replied")} == {"snapshot", "segment"}
     job = _example("archive.py")
     source, target = f"s3://{stores.bucket}/runs", f"s3://{stores.bucket}/archive"
-    assert job.main([source, target, "--older-than", "0s"]) == 0
+    assert job.main([source, target, "--older-than", "0s", "--pack"]) == 0
     assert "moved 1 State(s)" in capsys.readouterr().out
     archive = S3Store(stores.bucket, "archive", endpoint_url=stores.url, session=stores.session)
     stores.made.append(archive)
