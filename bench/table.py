@@ -595,13 +595,23 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5, help="tool-using turns to count")
     parser.add_argument("--no-peer", action="store_true", help="leave the peer out")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    names = ", ".join(repr(v.name) for v in VARIANTS)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        choices=[v.name for v in VARIANTS],
+        metavar="NAME",
+        help=f"only this store variant (repeatable; default all: {names})",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in (FULL_SIZES if args.full else args.sizes).split(",")]
     for name, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench")):
         os.environ.setdefault(name, value)
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    variants = [v for v in VARIANTS if v.missing() is None]
-    left_out = [f"{v.name}: {v.missing()}" for v in VARIANTS if v.missing() is not None]
+    chosen = [v for v in VARIANTS if args.variant is None or v.name in args.variant]
+    variants = [v for v in chosen if v.missing() is None]
+    left_out = [f"{v.name}: {v.missing()}" for v in chosen if v.missing() is not None]
+    left_out += [f"{v.name}: not asked for (--variant)" for v in VARIANTS if v not in chosen]
     peer = None if args.no_peer else peer_python()
     no_peer = "left out (--no-peer)" if args.no_peer else NOT_INSTALLED
     revision = commit()  # before the run: files edited meanwhile do not count
