@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.awsrequest import AWSResponse
 
+from alpineagents import State
+from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.testing import StoreIO
-from alpineagents_s3 import S3Store, StoredObject
+from alpineagents_s3 import Packed, S3Store, StoredObject
 from alpineagents_s3._layout import GENERATION_META
 from tests.helpers import MakeBucket, Mode, entry_dicts
 
@@ -69,6 +71,44 @@ async def objects(io: StoreIO, state_id: str) -> list[StoredObject]:
     if io.mode == "async":
         return await store.aobjects(state_id)
     return await asyncio.to_thread(store.objects, state_id)
+
+
+# Packed States (tests/s3/test_packed*.py) -----------------------------------------------
+
+# About 2 KB a tool result: 64 tool-using turns are over 128 KiB.
+RESULT = "row,value\n" + "alpha,1\nbeta,2\ngamma,3\n" * 90
+
+
+def run(state: State, turns: int, first: int = 0, result: str = RESULT) -> None:
+    """Append ``turns`` tool-using turns (a model response and a tool result each)."""
+    for n in range(first, first + turns):
+        call = {"type": "tool_call", "id": f"call-{n}", "name": "lookup", "input": {"n": n}}
+        state.append(MODEL, "", {"content": [call], "stop_reason": "tool_use"})
+        state.append(TOOL_RESULT, result, {"call_id": f"call-{n}", "name": "lookup"})
+
+
+async def pack(store: S3Store, mode: Mode, state_id: str, **options: Any) -> Packed:
+    """``apack``, or ``pack`` on a thread."""
+    if mode == "async":
+        return await store.apack(state_id, **options)
+    return await asyncio.to_thread(store.pack, state_id, **options)
+
+
+async def load(store: S3Store, mode: Mode, state_id: str) -> State:
+    """``aload``, or ``load`` on a thread."""
+    if mode == "async":
+        loaded: State = await store.aload(state_id)
+    else:
+        loaded = await asyncio.to_thread(store.load, state_id)
+    return loaded
+
+
+async def save(store: S3Store, mode: Mode, state: State) -> None:
+    """``asave``, or ``save`` on a thread."""
+    if mode == "async":
+        await store.asave(state)
+    else:
+        await asyncio.to_thread(store.save, state)
 
 
 def raw_client(endpoint_url: str) -> S3Client:

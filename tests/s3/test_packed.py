@@ -23,49 +23,26 @@ import pytest
 
 from alpineagents import State
 from alpineagents._serialize import entry_to_dict
-from alpineagents.history import MODEL, TOOL_RESULT
+from alpineagents.history import TOOL_RESULT
 from alpineagents_s3 import CorruptStateError, Packed, S3Store, StateNotFoundError
 from alpineagents_s3._packing import SEGMENT_MAX, SEGMENT_MIN
 from alpineagents_s3._steps import Batch, Step
 from alpineagents_s3.errors import SchemaVersionError
 from alpineagents_s3.testing import RequestLog
 from tests.helpers import Mode
-from tests.s3.helpers import Stores, body, killed_save, objects, raw_client
+from tests.s3.helpers import (
+    Stores,
+    body,
+    killed_save,
+    load,
+    objects,
+    pack,
+    raw_client,
+    run,
+    save,
+)
 
 pytestmark = pytest.mark.slow
-
-# About 2 KB a tool result: 64 turns are over 128 KiB.
-RESULT = "row,value\n" + "alpha,1\nbeta,2\ngamma,3\n" * 90
-
-
-def run(state: State, turns: int, first: int = 0, result: str = RESULT) -> None:
-    """Append ``turns`` tool-using turns (a model response and a tool result each)."""
-    for n in range(first, first + turns):
-        call = {"type": "tool_call", "id": f"call-{n}", "name": "lookup", "input": {"n": n}}
-        state.append(MODEL, "", {"content": [call], "stop_reason": "tool_use"})
-        state.append(TOOL_RESULT, result, {"call_id": f"call-{n}", "name": "lookup"})
-
-
-async def pack(store: S3Store, mode: Mode, state_id: str, **options: Any) -> Packed:
-    """``pack`` or ``apack``."""
-    if mode == "async":
-        return await store.apack(state_id, **options)
-    return await asyncio.to_thread(store.pack, state_id, **options)
-
-
-async def load(store: S3Store, mode: Mode, state_id: str) -> State:
-    if mode == "async":
-        loaded: State = await store.aload(state_id)
-    else:
-        loaded = await asyncio.to_thread(store.load, state_id)
-    return loaded
-
-
-async def save(store: S3Store, mode: Mode, state: State) -> None:
-    if mode == "async":
-        await store.asave(state)
-    else:
-        await asyncio.to_thread(store.save, state)
 
 
 def same(a: State, b: State) -> None:

@@ -18,7 +18,6 @@ of a few dozen entries take the paths large States take.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import sys
 import threading
@@ -29,7 +28,6 @@ from typing import Any
 import pytest
 
 from alpineagents import Agent, State
-from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.testing import FunctionModel
 from alpineagents_s3 import (
     ConcurrentWriteError,
@@ -43,44 +41,11 @@ from alpineagents_s3 import (
 )
 from alpineagents_s3._codec import loads_segment
 from tests.helpers import Mode
-from tests.s3.helpers import LoseAnswers, Refuse, Stores, objects
+from tests.s3.helpers import LoseAnswers, Refuse, Stores, load, objects, pack, run, save
 
 # About 2.2 KB a tool-using turn (a model response and a tool result).
-RESULT = "row,value\n" + "alpha,1\nbeta,2\ngamma,3\n" * 90
 # With this SEGMENT_MIN, 8 turns are a segment of their own and 2 turns are taken in.
 SMALL_MIN = 16 * 1024
-
-
-def run(state: State, turns: int, first: int = 0) -> None:
-    """Append ``turns`` tool-using turns to ``state``."""
-    for n in range(first, first + turns):
-        call = {"type": "tool_call", "id": f"call-{n}", "name": "lookup", "input": {"n": n}}
-        state.append(MODEL, "", {"content": [call], "stop_reason": "tool_use"})
-        state.append(TOOL_RESULT, RESULT, {"call_id": f"call-{n}", "name": "lookup"})
-
-
-async def pack(store: S3Store, mode: Mode, state_id: str, **options: Any) -> Packed:
-    """``apack``, or ``pack`` on a thread."""
-    if mode == "async":
-        return await store.apack(state_id, **options)
-    return await asyncio.to_thread(store.pack, state_id, **options)
-
-
-async def load(store: S3Store, mode: Mode, state_id: str) -> State:
-    """``aload``, or ``load`` on a thread."""
-    if mode == "async":
-        loaded: State = await store.aload(state_id)
-    else:
-        loaded = await asyncio.to_thread(store.load, state_id)
-    return loaded
-
-
-async def save(store: S3Store, mode: Mode, state: State) -> None:
-    """``asave``, or ``save`` on a thread."""
-    if mode == "async":
-        await store.asave(state)
-    else:
-        await asyncio.to_thread(store.save, state)
 
 
 class Before:
