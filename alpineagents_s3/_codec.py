@@ -9,17 +9,13 @@ in them but an entry's ``seq``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
-
-try:  # installed with pydantic, which alpineagents needs; optional here
-    from pydantic_core import from_json as _quick_json
-except ImportError:  # pragma: no cover - depends on what is installed
-    _quick_json = None  # type: ignore[assignment]
 
 __all__ = [
     "dumps",
@@ -107,12 +103,23 @@ def _loads_large(body: bytes, where: str) -> Any:
     between entries. It gives the same value for what it takes; what it refuses (a lone
     surrogate, a byte order mark, damage) goes to ``json.loads``, which decides.
     """
-    if _quick_json is not None:
+    quick = _quick_json()
+    if quick is not None:
         try:
-            return _quick_json(body, allow_inf_nan=True, cache_strings=True)
+            return quick(body, allow_inf_nan=True, cache_strings=True)
         except (ValueError, RecursionError):
             pass
     return _loads(body, where)
+
+
+@functools.cache
+def _quick_json() -> Callable[..., Any] | None:
+    """pydantic_core's ``from_json``, imported on the first segment read (not at start-up)."""
+    try:  # installed with pydantic, which alpineagents needs; optional here
+        from pydantic_core import from_json
+    except ImportError:  # pragma: no cover - depends on what is installed
+        return None
+    return from_json
 
 
 def loads_segment(body: bytes, where: str, start: int, end: int) -> list[dict[str, Any]]:
