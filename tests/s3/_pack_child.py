@@ -46,6 +46,8 @@ class Hooks:
         self.lock = threading.Lock()
 
     def hook(self, event: str) -> Any:
+        """The botocore handler for ``event`` (``before-send`` or ``after-call``)."""
+
         def noted(event_name: str = "", **kwargs: Any) -> None:
             operation = event_name.rsplit(".", 1)[-1]
             with self.lock:  # held while killing: no other request gets past its hook
@@ -63,7 +65,14 @@ def note(fd: int, value: dict[str, Any]) -> None:
     os.write(fd, (json.dumps(value) + "\n").encode())
 
 
+# A forked process still running after this long is stuck: SIGALRM ends it (the parent sees
+# that signal, not SIGKILL, and fails).
+STUCK_SECONDS = 60
+
+
 def pack(endpoint: str, job: dict[str, Any], fd: int) -> None:
+    """Pack the job's State with a new S3Store; note the result on ``fd``."""
+    signal.alarm(STUCK_SECONDS)
     hooks = Hooks(fd, job["kill"])
     store = S3Store(
         job["bucket"],
@@ -118,6 +127,7 @@ def forked(endpoint: str, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    """Fork a packing process per job read on stdin; print how each ended."""
     (endpoint,) = sys.argv[1:]
     # The S3 models, loaded once here: each forked process's store shares them.
     session = boto3.Session()
