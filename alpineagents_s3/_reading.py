@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from alpineagents_s3 import _contract
 from alpineagents_s3._codec import loads_entry, loads_snapshot, validate_id
@@ -43,9 +43,11 @@ RELISTS = 3
 FIRST_PAGE = 100
 
 
-@dataclass(frozen=True)
-class Fetched:
-    """An entry object as read, and what its metadata says of its writer.
+class Fetched(NamedTuple):
+    """An entry as read (from its object or a segment), and what its metadata says of its writer.
+
+    A named tuple, not a frozen dataclass: a load of 10,000 packed entries makes one for
+    each, and a tuple is made in a quarter of the time.
 
     Attributes:
         entry: The history entry.

@@ -1,0 +1,200 @@
+"""Where a packed load's time goes: phases of one ``S3Store.load``, and a cProfile of it.
+
+    python bench/load_profile.py --n 1000       # its own moto and proxy, for one run
+    python -m moto.server -H 127.0.0.1 -p 5123 &
+    python bench/latency_proxy.py --upstream http://127.0.0.1:5123 --port 5124 &
+    python bench/load_profile.py --moto http://127.0.0.1:5123 --proxy http://127.0.0.1:5124
+
+A State of ``--n`` entries (the entries of ``bench/table.py``) is saved and packed, keeping
+the entry objects (``kept``) and removing them (``removed``); with ``--moto`` and ``--proxy``,
+later runs find them on the same server, which saves the minutes of saving 10,000 entries.
+Each load is timed through the proxy after one that fills its memory. For each State, the
+script prints the wall time and the client CPU of a load, and the CPU spent on the way: the
+read (``S3Store.read``, every thread), of which the segment bodies' parse (``loads_segment``
+in the drivers' threads, of which the JSON parser), the rebuild of the State
+(``Store._loaded``, of which ``state_from_record``) and what is left. ``--parse-after``
+parses the segments in the loading thread once all have arrived, to compare. With
+``--profile``, a cProfile (CPU time, loading thread only) of one load follows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import table  # noqa: E402  (the State and bucket of the table)
+
+from alpineagents import _saving  # noqa: E402
+from alpineagents.store import Store  # noqa: E402
+from alpineagents_s3 import S3Store, _codec, _segments  # noqa: E402
+from alpineagents_s3._steps import Call  # noqa: E402
+
+PREFIX = "profile"
+# The phases printed, in this order; indented ones are part of the one above them.
+LABELS = (
+    "S3Store.read (all threads)",
+    "  loads_segment (threads)",
+    "    of which the JSON parse",
+    "Store._loaded (rebuild)",
+    "  of which state_from_record",
+)
+
+
+class Phases:
+    """Thread CPU time spent in named functions, summed over every thread of the process."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = defaultdict(float)
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def wrap(
+        self, owner: Any, name: str, label: str, clock: Callable[[], float] = time.thread_time
+    ) -> Iterator[None]:
+        """Count the ``clock`` time of ``owner.name`` under ``label`` while inside.
+
+        ``time.thread_time`` (the default) counts the calling thread's CPU alone;
+        ``time.process_time``, every thread's meanwhile.
+        """
+        original: Callable[..., Any] = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            began = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                took = clock() - began
+                with self._lock:
+                    self.cpu[label] += took
+
+        setattr(owner, name, timed)
+        try:
+            yield
+        finally:
+            setattr(owner, name, original)
+
+
+def _without_then(call: Call, then: object) -> Call:
+    """The segment GET ``call`` as it is: the driver returns its bytes, the read parses them."""
+    return call
+
+
+def ensure_states(moto: str, n: int) -> None:
+    """Save and pack the two States once; a later run finds them."""
+    store = S3Store(table.BUCKET, PREFIX, endpoint_url=moto)
+    try:
+        for state_id, remove in (("kept", False), ("removed", True)):
+            if store.get(state_id) is not None:
+                continue
+            print(f"saving {n} entries as {state_id!r}", flush=True)
+            store.save(table.make_state(n, state_id))
+            store.pack(state_id, remove_entries=remove)
+    finally:
+        store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--moto", help="moto's server URL (default: one of its own)")
+    parser.add_argument("--proxy", help="the latency proxy's URL (default: one of its own)")
+    parser.add_argument("--n", type=int, default=10_000, help="history entries")
+    parser.add_argument("--repeat", type=int, default=5, help="timed loads per State")
+    parser.add_argument("--profile", action="store_true", help="cProfile one load")
+    parser.add_argument(
+        "--parse-after",
+        action="store_true",
+        help="parse the segments once all have arrived, in the loading thread",
+    )
+    args = parser.parse_args()
+    if args.parse_after:
+        setattr(_segments, "replace", _without_then)  # noqa: B010 - no public name for it
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(name, "bench")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    with contextlib.ExitStack() as stack:
+        moto, proxy = args.moto, args.proxy
+        if moto is None or proxy is None:
+            moto = f"http://127.0.0.1:{table.free_port()}"
+            proxy_port = table.free_port()
+            proxy = f"http://127.0.0.1:{proxy_port}"
+            up = [sys.executable, "-c", table.MOTO, moto.rsplit(":", 1)[1]]
+            stack.enter_context(table.child(up, partial(table.answers, moto)))
+            forward = [sys.executable, str(HERE / "latency_proxy.py"), "--upstream", moto]
+            forward += ["--port", str(proxy_port)]
+            stack.enter_context(table.child(forward, partial(table.answers, proxy)))
+        profile_loads(args, moto, proxy)
+
+
+def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
+    """Save the States if they are not there yet, and print the phases of their loads."""
+    session = boto3.Session()
+    with contextlib.suppress(Exception):  # made by an earlier run on the same server
+        session.client("s3", endpoint_url=moto).create_bucket(Bucket=table.BUCKET)
+    ensure_states(moto, args.n)
+    store = S3Store(table.BUCKET, PREFIX, endpoint_url=proxy, session=session)
+    store.get("warm-up")
+    phases = Phases()
+    for state_id in ("kept", "removed"):
+        loaded = store.load(state_id)  # fills the proxy's memory
+        # (A load may add one: the result of a tool call the saved history ends with.)
+        if len(loaded.history) < args.n:
+            raise SystemExit(f"{state_id!r} loaded {len(loaded.history)} entries, not {args.n}")
+        walls, cpus = [], []
+        phases.cpu.clear()
+        every = time.process_time
+        with (
+            phases.wrap(S3Store, "read", LABELS[0], every),
+            phases.wrap(_segments, "loads_segment", LABELS[1]),
+            phases.wrap(_codec, "_loads_large", LABELS[2]),
+            phases.wrap(Store, "_loaded", LABELS[3], every),
+            phases.wrap(_saving, "state_from_record", LABELS[4], every),
+        ):
+            for _ in range(args.repeat):
+                began, cpu = time.perf_counter(), time.process_time()
+                store.load(state_id)
+                walls.append(time.perf_counter() - began)
+                cpus.append(time.process_time() - cpu)
+        print(
+            f"{state_id}: wall {statistics.median(walls) * 1000:.1f} ms (min "
+            f"{min(walls) * 1000:.1f}), client CPU {statistics.median(cpus) * 1000:.1f} ms "
+            f"(mean {statistics.mean(cpus) * 1000:.1f}, which the phases below divide)"
+        )
+        total = statistics.mean(cpus)
+        named = 0.0
+        for label in LABELS:
+            each = phases.cpu[label] / args.repeat
+            if not label.startswith(" "):
+                named += each
+            print(f"  {label:<32} {each * 1000:7.1f} ms CPU per load")
+        print(f"  {'the rest of the load':<32} {(total - named) * 1000:7.1f} ms CPU per load")
+        if args.profile:
+            profile = cProfile.Profile(time.process_time)
+            profile.enable()
+            store.load(state_id)
+            profile.disable()
+            out = io.StringIO()
+            pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)
+            print(out.getvalue())
+    store.close()
+
+
+if __name__ == "__main__":
+    main()

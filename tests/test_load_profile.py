@@ -1,0 +1,48 @@
+"""bench/load_profile.py as a user runs it: its own moto and proxy, a small State, every phase.
+
+The script's figures are CPU times on a shared machine, so only their shape is checked: each
+phase is printed for both States, and the parts are not more than the whole they belong to.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from itertools import takewhile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_profile_prints_every_phase_of_both_loads() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "load_profile.py"), "--n", "60", "--repeat", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout
+    for state_id in ("kept", "removed"):
+        # The lines of this State's phases: indented, under its "<id>: wall ..." line.
+        after = printed.split(f"{state_id}: wall ", 1)[1].splitlines()[1:]
+        block = "\n".join(takewhile(lambda line: line.startswith("  "), after))
+        cpu = {
+            label.strip(): float(figure)
+            for label, figure in re.findall(r"^ +(\S.*?) +(-?[\d.]+) ms CPU per load$", block, re.M)
+        }
+        assert set(cpu) == {
+            "S3Store.read (all threads)",
+            "loads_segment (threads)",
+            "of which the JSON parse",
+            "Store._loaded (rebuild)",
+            "of which state_from_record",
+            "the rest of the load",
+        }, block
+        # The segment was parsed (a State of 60 entries packs into one segment), and the
+        # parts are within their whole (thread CPU within the process's, a little slack).
+        assert cpu["loads_segment (threads)"] > 0
+        assert cpu["of which the JSON parse"] <= cpu["loads_segment (threads)"] + 0.5
+        assert cpu["of which state_from_record"] <= cpu["Store._loaded (rebuild)"] + 0.5
