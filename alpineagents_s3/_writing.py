@@ -103,11 +103,11 @@ def write(
             f"from entry {first}. Load it again with store.load({state_id!r}) and continue "
             "from what is saved"
         )
+    if version.unsure:
+        version = yield from _settle(layout, ledger, state_id, version)
     if first is not None and first < version.landed:
         entries = yield from _already_final(layout, state_id, version.landed, entries, bodies)
         first = first_seq(entries) if entries else None
-    if version.unsure:
-        version = yield from _settle(layout, ledger, state_id, version)
     rest = entries
     written: list[str] = []
     mark = Mark(ledger.writer, pending=body is not None)
@@ -371,7 +371,9 @@ def _settle(layout: Layout, ledger: Ledger, state_id: str, version: Version) -> 
     if current.etag == version.etag:
         settled = replace(version, unsure=frozenset())
     elif current.meta.generation == version.generation and current.meta.token in version.unsure:
-        settled = replace(version, etag=current.etag, unsure=frozenset())
+        # One of ours landed: the entries it counts are final, as after an answered PUT.
+        landed = max(version.landed, current.meta.count or 0)
+        settled = replace(version, etag=current.etag, unsure=frozenset(), landed=landed)
     else:
         raise refused(layout, state_id, version)
     ledger.versions[state_id] = settled

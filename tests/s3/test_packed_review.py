@@ -34,13 +34,14 @@ from alpineagents_s3 import (
     Packed,
     S3AccessDeniedError,
     S3Store,
+    S3StoreError,
     StateNotFoundError,
     _packing,
     _segments,
     _steps,
 )
 from alpineagents_s3._codec import loads_segment
-from tests.helpers import Mode
+from tests.helpers import Mode, entry_dicts, snapshot_dict
 from tests.s3.helpers import LoseAnswers, Refuse, Stores, load, objects, pack, run, save
 
 # About 2.2 KB a tool-using turn (a model response and a tool result).
@@ -292,6 +293,48 @@ async def test_a_segment_put_whose_answer_was_lost_is_recognised(
     packed = await pack(packer, mode, state.id, remove_entries=True)
     assert lose.repeated == 1 and len(packed.written) == 1
     assert (await load(stores.new(), mode, state.id)).history == state.history
+
+
+async def test_a_save_sent_again_after_its_snapshot_answer_was_lost_leaves_packed_entries_packed(
+    mode: Mode, stores: Stores
+) -> None:
+    """A snapshot PUT that S3 applied but whose answer was lost (the save raised); meanwhile the
+    State is packed with ``remove_entries``. The save sent again holds entries its lost PUT
+    counted: they are final, so they are checked against what is stored and not created again
+    under keys the pack removed (a second version on a versioned bucket)."""
+    lost = {"left": 0}
+    replacing = threading.local()
+
+    def mark(params: dict[str, Any], **kwargs: Any) -> None:
+        replacing.snapshot = params["url"].endswith("/snapshot.json") and (
+            "If-Match" in params["headers"]
+        )
+
+    def lose_answer(**kwargs: Any) -> None:
+        if getattr(replacing, "snapshot", False) and lost["left"]:
+            lost["left"] -= 1
+            raise ConnectionResetError("the answer was lost after S3 applied the PUT")
+
+    hooks = {"before-call.s3.PutObject": mark, "after-call.s3.PutObject": lose_answer}
+    io = stores.io(mode, event_hooks=hooks)
+    await io.write("lost", entry_dicts(0, 3), snapshot_dict("lost", 3), create=True)
+    lost["left"] = 1
+    with pytest.raises(S3StoreError, match="ConnectionResetError"):
+        await io.write("lost", entry_dicts(3, 6), snapshot_dict("lost", 6))
+    assert lost["left"] == 0
+    packed = await pack(stores.new(), mode, "lost", remove_entries=True)
+    assert packed.covered == 6 and len(packed.removed) == 6
+
+    await io.write("lost", entry_dicts(3, 7), snapshot_dict("lost", 7))
+    found = await objects(io, "lost")
+    assert sorted(o.kind for o in found) == ["entry", "segment", "snapshot"]
+    assert next(o.key for o in found if o.kind == "entry").endswith("/0000000006.json")
+    record = await io.read("lost")
+    assert record is not None
+    assert list(record.entries) == entry_dicts(0, 7)
+    assert record.snapshot == snapshot_dict("lost", 7)
+    with pytest.raises(ConcurrentWriteError, match="lost"):  # a different entry 4: refused
+        await io.write("lost", [*entry_dicts(4, 5, text="other"), *entry_dicts(7, 8)], None)
 
 
 async def test_a_pack_racing_a_delete_and_a_create_again_keeps_nothing_of_the_old_state(
