@@ -9,7 +9,8 @@
 #    written against the Store contract alone (conformance on moto's server, and that core's
 #    own Agent killed mid-tool and resumed from the bucket).
 # LocalStack (on 127.0.0.1, no Docker) runs for step 1; ALPINEAGENTS_NO_LOCALSTACK=1 skips it
-# (its tests are then skipped). Extra arguments go to the pytest of step 1.
+# (its tests are then skipped). Step 1 runs in $ALPINEAGENTS_TEST_WORKERS pytest-xdist workers
+# (default 2; 0 runs it in this process). Extra arguments go to the pytest of step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${ALPINEAGENTS_VENV:-.venv}
@@ -60,7 +61,10 @@ record() {  # record NAME STATUS LOG: the last line of a pytest run, for the mat
 
 logs=$(mktemp -d)
 status=0
-"$venv/bin/python" -m pytest "$@" 2>&1 | tee "$logs/repo.log" || status=$?
+workers=${ALPINEAGENTS_TEST_WORKERS:-2}
+parallel=(-n "$workers")
+[ "$workers" = 0 ] || parallel+=(--dist worksteal)  # the long tests are spread as they run
+"$venv/bin/python" -m pytest "${parallel[@]}" "$@" 2>&1 | tee "$logs/repo.log" || status=$?
 record "alpineagents $("$venv/bin/python" -c 'from importlib.metadata import version; print(version("alpineagents"))') (this repo)" "$status" "$logs/repo.log"
 
 for core in $published; do
