@@ -75,17 +75,16 @@ def pack(layout: Layout, state_id: str, remove_entries: bool) -> Steps[Packed]:
     covered = segments[-1].end if segments else 0
     written: list[str] = []
     if covered < count:
-        where = f"State {state_id!r}"
-        bodies = {
-            seq: dumps(found.entries[seq].entry, f"history entry {seq} of {where}")
-            for seq in range(covered, count)
-        }
+
+        def entry_body(seq: int) -> bytes:
+            return dumps(found.entries[seq].entry, f"history entry {seq} of State {state_id!r}")
+
+        bodies = {seq: entry_body(seq) for seq in range(covered, count)}
         size = sum(map(len, bodies.values()))
         while segments and (size < SEGMENT_MIN or segments[-1].size <= min(size, SEGMENT_MAX - 1)):
             merged = segments.pop()
             size += merged.size
-            for seq in range(merged.start, merged.end):
-                bodies[seq] = dumps(found.entries[seq].entry, f"history entry {seq} of {where}")
+            bodies.update((seq, entry_body(seq)) for seq in range(merged.start, merged.end))
         first = min(bodies)
         new = []
         for start, end in cut(first, [len(bodies[seq]) for seq in range(first, count)]):
