@@ -46,7 +46,6 @@ import pydantic
 from alpineagents import _builtin_tools as builtin_tools
 from alpineagents import _saving
 from alpineagents._context import build_messages
-from alpineagents.anthropic import AnthropicModel
 from alpineagents.errors import AlpineAgentsError, NotJSONError, ResumeWarning
 from alpineagents.history import (
     COMPACTION,
@@ -160,7 +159,13 @@ class Agent:
     ):
         if max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, not {max_steps}")
-        self.model: Model = AnthropicModel(model) if isinstance(model, str) else model
+        if isinstance(model, str):
+            # The SDK is imported only for a model named by a string: about 2 s of start-up
+            # that a process running a Model object of its own does not pay.
+            from alpineagents.anthropic import AnthropicModel
+
+            model = AnthropicModel(model)
+        self.model: Model = model
         self.system = system
         self.tools: dict[str, Tool] = as_tools(tools)
         self.output_type = output_type

@@ -75,6 +75,26 @@ def test_offline_models_import_and_run_without_pytest(without_dev_tools: dict[st
 
 
 @pytest.mark.slow
+def test_an_agent_with_a_model_object_never_imports_the_anthropic_sdk() -> None:
+    """The SDK is about 2 s of start-up: a process (a crash-resumed run, a serverless cold
+    start) whose Agent runs a Model object of its own does not pay it; a model id does."""
+    done = python(
+        "import sys\n"
+        "from alpineagents import Agent, FileStore, State\n"
+        "from alpineagents.testing import FunctionModel\n"
+        "import tempfile\n"
+        "model = FunctionModel(lambda request: 'done')\n"
+        "agent = Agent(model, store=FileStore(tempfile.mkdtemp()))\n"
+        "print(agent.run(State('hi')), 'anthropic' in sys.modules)\n"
+        "Agent('claude-opus-5')\n"
+        "print('anthropic' in sys.modules)\n",
+        {**os.environ},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2:] == ["done False", "True"]
+
+
+@pytest.mark.slow
 def test_the_conformance_suite_without_pytest_says_how_to_install_it(
     without_dev_tools: dict[str, str],
 ) -> None:

@@ -57,10 +57,10 @@ RUNNER = '''\
 import runpy
 import sys
 
-import alpineagents.agent
+import alpineagents.anthropic
 from alpineagents.testing import TestModel
 
-alpineagents.agent.AnthropicModel = lambda model, *args, **kwargs: TestModel(name=str(model))
+alpineagents.anthropic.AnthropicModel = lambda model, *args, **kwargs: TestModel(name=str(model))
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
