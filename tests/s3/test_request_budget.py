@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from alpineagents import State, _saving
+from alpineagents_s3 import S3Store
 from alpineagents_s3._layout import BASE_META, PENDING, PENDING_META, WRITER_META
 from alpineagents_s3._reading import FIRST_PAGE
 from alpineagents_s3.testing import RequestLog
-from tests.helpers import Mode, entry_dicts, tool_turn
+from tests.helpers import Mode, bucket_maker, entry_dicts, tool_turn
 from tests.s3.helpers import Stores, body, entry_key, raw_client
+
+if TYPE_CHECKING:
+    import boto3
+    from types_boto3_s3 import S3Client
 
 
 def with_history(state_id: str, turns: int) -> State:
@@ -58,14 +63,35 @@ async def test_the_steady_state_write_path_sends_no_get_list_or_head_but_one_che
     assert await counted(log, alone) == {"PUT": 1, "HEAD": 1}  # the entry, then the check
 
 
-@pytest.mark.parametrize("turns", [0, 12, 600])
+@pytest.fixture(scope="module")
+def saved_once(
+    moto: S3Client, moto_url: str, boto_session: boto3.Session
+) -> Iterator[tuple[str, Callable[[int], State]]]:
+    """A bucket of this module, and ``save(turns)``: a State of that many tool turns, saved
+    there at its first use. The sync and the async load read the same objects (a load writes
+    nothing), so the 1,101 PUTs of the long State are sent once, not once per mode."""
+    bucket = bucket_maker(moto)()
+    saved: dict[int, State] = {}
+    with S3Store(bucket, "runs", endpoint_url=moto_url, session=boto_session) as store:
+
+        def save(turns: int) -> State:
+            if turns not in saved:
+                saved[turns] = with_history(f"load-{turns}", turns)
+                store.save(saved[turns])
+            return saved[turns]
+
+        yield bucket, save
+
+
+# 550 turns: 1,101 entries, the first page of 100, a page of 1,000 and one of 1.
+@pytest.mark.parametrize("turns", [0, 12, 550])
 async def test_a_load_is_one_listing_per_1000_entries_and_one_get_per_object(
-    mode: Mode, stores: Stores, turns: int
+    mode: Mode, stores: Stores, turns: int, saved_once: tuple[str, Callable[[int], State]]
 ) -> None:
-    state = with_history(f"load-{turns}", turns)
-    stores.new().save(state)
+    bucket, save = saved_once
+    state = save(turns)
     log = RequestLog()
-    io = stores.io(mode, event_hooks=log.hooks)
+    io = stores.io(mode, bucket=bucket, event_hooks=log.hooks)
     entries = 1 + 2 * turns
     # The segments, a first page of 100 entries, then pages of 1,000.
     pages = 1 + -(-max(0, entries - FIRST_PAGE) // 1000)
