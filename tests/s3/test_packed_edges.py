@@ -16,19 +16,25 @@ so segment boundaries fall exactly where each case needs them.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
 import math
+import re
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import boto3
 import pytest
 
 from alpineagents import State
 from alpineagents.testing import StoreIO
-from alpineagents_s3 import S3Store, _packing, _reading
+from alpineagents_s3 import CorruptStateError, S3Store, _packing, _reading
 from alpineagents_s3.testing import RequestLog
-from tests.helpers import Mode, entry_dicts, snapshot_dict
+from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict
 from tests.s3.helpers import Stores, load, objects, pack, raw_client, run, save
 
 if TYPE_CHECKING:
@@ -90,26 +96,56 @@ class Listings:
         return [listing for listing in self.made if not listing.packed]
 
 
-def cut_at(*bounds: int) -> Callable[[int, Sequence[int]], list[tuple[int, int]]]:
-    """A replacement of ``_packing.cut`` that starts a new segment at each of ``bounds``."""
+# Where the pack under way in this task or thread cuts (``None``: as S3Store does).
+BOUNDS: ContextVar[tuple[int, ...] | None] = ContextVar("BOUNDS", default=None)
 
-    def cut(first: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
-        end = first + len(sizes)
-        points = [first, *sorted(b for b in bounds if first < b < end), end]
-        return list(zip(points, points[1:], strict=False))
 
-    return cut
+def cut_where_told(first: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """``_packing.cut``, but a new segment starts at each seq of ``BOUNDS`` when it is set.
+
+    A context variable, so that packs of several States at once (tasks, or threads started by
+    ``asyncio.to_thread``, which copies the context) each cut where their case says."""
+    bounds = BOUNDS.get()
+    if bounds is None:
+        return ORIGINAL_CUT(first, sizes)
+    end = first + len(sizes)
+    points = [first, *sorted(b for b in bounds if first < b < end), end]
+    return list(itertools.pairwise(points))
+
+
+ORIGINAL_CUT = _packing.cut
+
+
+@pytest.fixture(autouse=True)
+def _cuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_packing, "cut", cut_where_told)
+
+
+ENTRY_NAME = re.compile(r"[0-9a-f]+/([0-9]{10})\.json")
+SEGMENT_NAME = re.compile(r"[0-9a-f]+/([0-9]{10})-([0-9]{10})\.json")
 
 
 def seq_of(key: str) -> int:
     """The seq an entry key names."""
-    return int(key.rsplit("/", 1)[1].removesuffix(".json"))
+    match = ENTRY_NAME.search(key)
+    assert match, key
+    return int(match[1])
 
 
 def span(key: str) -> tuple[int, int]:
     """The entries a segment key names: ``(start, end)``."""
-    start, end = key.rsplit("/", 1)[1].removesuffix(".json").split("-")
-    return int(start), int(end)
+    match = SEGMENT_NAME.search(key)
+    assert match, key
+    return int(match[1]), int(match[2])
+
+
+def fetched(log: RequestLog) -> tuple[list[tuple[int, int]], list[int]]:
+    """The segments and the entries a store GET, by their key's name, sorted."""
+    got = [r.path.rsplit("/", 2) for r in log.requests if r.kind == "GET"]
+    names = ["/".join(parts[-2:]) for parts in got]
+    segments = sorted(span(n) for n in names if SEGMENT_NAME.fullmatch(n))
+    entries = sorted(seq_of(n) for n in names if ENTRY_NAME.fullmatch(n))
+    return segments, entries
 
 
 @dataclass
@@ -154,9 +190,11 @@ async def write_and_pack(
     """
     io = stores.io(mode)
     await io.write(state_id, entry_dicts(0, packed), snapshot_dict(state_id, packed), create=True)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_packing, "cut", cut_at(*bounds))
+    BOUNDS.set(tuple(bounds))
+    try:
         done = await pack(stores.new(), mode, state_id, remove_entries=remove)
+    finally:
+        BOUNDS.set(None)
     segments = sorted(span(key) for key in done.written)
     assert done.covered == packed and segments[0][0] == 0 and segments[-1][1] == packed
     assert len(done.removed) == (packed if remove else 0)
@@ -179,13 +217,24 @@ async def read_back(
     return log
 
 
+async def together(cases: dict[str, Awaitable[object]]) -> None:
+    """Run ``cases`` at once; fail naming every case that failed."""
+    outcomes = await asyncio.gather(*cases.values(), return_exceptions=True)
+    failed = {
+        name: outcome
+        for name, outcome in zip(cases, outcomes, strict=True)
+        if isinstance(outcome, BaseException)
+    }
+    for name, error in failed.items():
+        if not isinstance(error, AssertionError):
+            raise AssertionError(f"{name}: {type(error).__name__}: {error}") from error
+    assert not failed, "\n\n".join(f"{name}: {error}" for name, error in failed.items())
+
+
 # 1. More segments than one page of packed/ -------------------------------------------------
 
 
-@pytest.mark.parametrize("remove", [False, True], ids=["kept", "removed"])
-async def test_segments_over_several_pages_of_the_packed_listing(
-    mode: Mode, server: Server, remove: bool
-) -> None:
+async def many_segments(stores: Stores, mode: Mode, state_id: str, remove: bool) -> None:
     """7 segments listed 2 a page: every segment is read once, the State is the same.
 
     A load lists ``packed/`` once with the snapshot GET; the page is truncated, so it lists
@@ -193,48 +242,55 @@ async def test_segments_over_several_pages_of_the_packed_listing(
     is listed twice, 1 + 4 listings of ``packed/`` for 4 pages. Then a pack whose own listing
     comes in pages of 2 merges the 7 small segments into one and removes all 7.
     """
-    stores = server.stores
     segments = await write_and_pack(
-        stores, mode, "paged", packed=14, bounds=range(2, 14, 2), remove=remove, after=3
+        stores, mode, state_id, packed=14, bounds=range(2, 14, 2), remove=remove, after=3
     )
     assert len(segments) == 7
     listings = Listings(packed=2)
-    log = await read_back(stores, mode, "paged", 17, listings)
+    log = await read_back(stores, mode, state_id, 17, listings)
     pages = math.ceil(len(segments) / 2)
-    packed = listings.of_packed()
-    assert [(p.max_keys, p.continued) for p in packed] == [(2, False)] * 2 + [(2, True)] * (
-        pages - 1
-    )
+    packed = [(p.max_keys, p.continued) for p in listings.of_packed()]
+    assert packed == [(2, False)] * 2 + [(2, True)] * (pages - 1)
     # The entries: one page of FIRST_PAGE keys holds them all (the 3 saved after the pack).
     assert len(listings.of_entries()) == 1
-    got = [r.path for r in log.requests if r.kind == "GET"]
-    assert sorted(span(path) for path in got if "/packed/" in path) == segments
-    assert sorted(seq_of(path) for path in got if "/entries/" in path) == [14, 15, 16]
+    assert fetched(log) == (segments, [14, 15, 16])
     assert log.counts() == {"GET": 1 + 7 + 3, "LIST": pages + 2}
 
     # A pack that lists packed/ in pages of 2 takes every small segment in.
     packer = stores.new(event_hooks=Listings(packed=2).hooks)
-    merged = await pack(packer, mode, "paged", remove_entries=remove)
+    merged = await pack(packer, mode, state_id, remove_entries=remove)
     assert [span(key) for key in merged.written] == [(0, 17)]
-    old = {key for key in merged.removed if "/packed/" in key}
+    old = {key for key in merged.removed if SEGMENT_NAME.search(key)}
     assert sorted(span(key) for key in old) == segments
-    found = await objects(stores.io(mode), "paged")
+    found = await objects(stores.io(mode), state_id)
     assert [span(o.key) for o in found if o.kind == "segment"] == [(0, 17)]
-    log = await read_back(stores, mode, "paged", 17, Listings(packed=2))
+    log = await read_back(stores, mode, state_id, 17, Listings(packed=2))
     assert log.counts()["GET"] == 2
+
+
+async def test_segments_over_several_pages_of_the_packed_listing(
+    mode: Mode, server: Server
+) -> None:
+    """Entries kept and removed (two States at once)."""
+    await together(
+        {
+            "kept": many_segments(server.stores, mode, "paged-kept", False),
+            "removed": many_segments(server.stores, mode, "paged-removed", True),
+        }
+    )
 
 
 # 2. The entries listed after the segments ------------------------------------------------
 
-# The first listing of entries holds FIRST_PAGE keys; the pages after it ENTRY_PAGE keys.
-FIRST = 4
-ENTRY_PAGE = 5
+# The first listing of entries holds FIRST keys (FIRST_PAGE); the pages after it ENTRY_PAGE.
+FIRST = 2
+ENTRY_PAGE = 3
 
 
 @dataclass(frozen=True)
 class Edge:
     """A State packed up to ``packed`` (segments cut at ``bounds``), ``after`` entries saved
-    after the pack, and the listings and entry GETs a load of it makes."""
+    after the pack, and how many listings a load of it makes."""
 
     packed: int
     bounds: tuple[int, ...]
@@ -248,54 +304,244 @@ class Edge:
 
 
 EDGES = {
-    # Entries kept: the first page lists seqs 0-3 and is truncated, so the entries after the
+    # Entries kept: the first page lists seqs 0-1 and is truncated, so the entries after the
     # segments are listed with StartAfter (the last seq the segments hold), ENTRY_PAGE a page.
-    "kept-segments-end-before-the-first-pages-last-key": Edge(3, (1,), False, 9, 2 + 2),
-    "kept-segments-end-at-the-first-pages-last-key": Edge(4, (2,), False, 8, 2 + 2),
-    "kept-segments-end-one-past-the-first-pages-last-key": Edge(5, (2,), False, 7, 2 + 2),
-    "kept-segments-end-well-past-the-first-page": Edge(9, (4,), False, 2, 2 + 1),
-    "kept-entries-after-fill-one-page-exactly": Edge(4, (), False, 5, 2 + 1),
-    "kept-entries-after-fill-two-pages-exactly": Edge(4, (), False, 10, 2 + 2),
-    "kept-all-packed-nothing-after": Edge(12, (4, 8), False, 0, 2 + 1),
+    "kept-segments-end-before-the-first-pages-last-key": Edge(1, (), False, 5, 2 + 2),
+    "kept-segments-end-at-the-first-pages-last-key": Edge(2, (1,), False, 4, 2 + 2),
+    "kept-segments-end-one-past-the-first-pages-last-key": Edge(3, (1,), False, 4, 2 + 2),
+    "kept-segments-end-well-past-the-first-page": Edge(6, (3,), False, 1, 2 + 1),
+    "kept-entries-after-fill-one-page-exactly": Edge(2, (), False, 3, 2 + 1),
+    "kept-entries-after-fill-two-pages-exactly": Edge(2, (), False, 6, 2 + 2),
+    "kept-all-packed-nothing-after": Edge(6, (2, 4), False, 0, 2 + 1),
     # The whole State in the first page: nothing listed again.
-    "kept-all-within-the-first-page": Edge(2, (), False, 2, 2),
+    "kept-all-within-the-first-page": Edge(1, (), False, 1, 2),
     # Entries removed: the first page starts at the segments' end; it is listed again with
     # StartAfter only when it is truncated.
-    "removed-nothing-after": Edge(12, (4, 8), True, 0, 2),
-    "removed-after-fill-the-first-page-exactly": Edge(4, (), True, 4, 2),
-    "removed-after-one-past-the-first-page": Edge(4, (), True, 5, 2 + 1),
-    "removed-after-over-three-pages": Edge(6, (3,), True, 11, 2 + 3),
+    "removed-nothing-after": Edge(6, (2, 4), True, 0, 2),
+    "removed-after-fill-the-first-page-exactly": Edge(2, (), True, 2, 2),
+    "removed-after-one-past-the-first-page": Edge(2, (), True, 3, 2 + 1),
+    "removed-after-over-three-pages": Edge(3, (1,), True, 7, 2 + 3),
 }
 
 
-@pytest.mark.parametrize("edge", list(EDGES.values()), ids=list(EDGES))
-async def test_entries_listed_after_the_segments(
-    mode: Mode, server: Server, edge: Edge, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    stores = server.stores
+async def edge_loads(stores: Stores, mode: Mode, state_id: str, edge: Edge) -> None:
     segments = await write_and_pack(
         stores,
         mode,
-        "edge",
+        state_id,
         packed=edge.packed,
         bounds=edge.bounds,
         remove=edge.remove,
         after=edge.after,
     )
     assert len(segments) == len(edge.bounds) + 1
-    monkeypatch.setattr(_reading, "FIRST_PAGE", FIRST)
     listings = Listings(entries=ENTRY_PAGE)
-    log = await read_back(stores, mode, "edge", edge.total, listings)
+    log = await read_back(stores, mode, state_id, edge.total, listings)
     entries = listings.of_entries()
     assert entries[0].max_keys == FIRST and entries[0].start_after is None
-    # Every other listing goes on from the last seq the segments hold, or from a page before.
+    # A listing after the first goes on from the last seq the segments hold, then by token.
     starts = [seq_of(e.start_after) for e in entries if e.start_after is not None]
     assert starts == ([edge.packed - 1] if len(entries) > 1 else []), entries
     assert all(e.max_keys == ENTRY_PAGE for e in entries[1:])
-    got = [r.path for r in log.requests if r.kind == "GET"]
-    assert sorted(span(path) for path in got if "/packed/" in path) == segments
     # No entry a segment holds is fetched from its own object.
-    assert sorted(seq_of(p) for p in got if "/entries/" in p) == list(
-        range(edge.packed, edge.total)
-    )
+    assert fetched(log) == (segments, list(range(edge.packed, edge.total)))
     assert log.counts() == {"GET": 1 + len(segments) + edge.after, "LIST": edge.lists}
+
+
+async def test_entries_listed_after_the_segments_at_page_edges(
+    mode: Mode, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every case of ``EDGES``, each a State of its own, loaded with pages of 2, then 3 keys."""
+    monkeypatch.setattr(_reading, "FIRST_PAGE", FIRST)
+    await together(
+        {name: edge_loads(server.stores, mode, name, edge) for name, edge in EDGES.items()}
+    )
+
+
+# 3. On LocalStack --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def localstack(
+    localstack_url: str, localstack_bucket: MakeBucket, boto_session: boto3.Session
+) -> AsyncIterator[Stores]:
+    """Store objects on a new bucket of LocalStack, closed after the test."""
+    made = Stores(localstack_url, localstack_bucket, boto_session)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def same(a: State, b: State) -> None:
+    assert a.history == b.history
+    assert a.data == b.data and a.task == b.task
+
+
+async def pack_load_pack_again(stores: Stores, mode: Mode, state_id: str, remove: bool) -> None:
+    """20 tool turns packed (one segment, under SEGMENT_MIN), 3 turns more, packed again: the
+    second pack merges the first segment into one that holds all 47 entries."""
+    state = State("on localstack", id=state_id)
+    run(state, 20)
+    writer = stores.new()
+    await save(writer, mode, state)
+    first = await pack(stores.new(), mode, state_id, remove_entries=remove)
+    assert [span(key) for key in first.written] == [(0, 41)]
+    assert len(first.removed) == (41 if remove else 0)
+    same(await load(stores.new(), mode, state_id), state)
+
+    run(state, 3, first=20)
+    await save(writer, mode, state)
+    log = RequestLog()
+    same(await load(stores.new(event_hooks=log.hooks), mode, state_id), state)
+    assert log.counts()["GET"] == 1 + 1 + 6  # the snapshot, the segment, the 6 new entries
+
+    second = await pack(stores.new(), mode, state_id, remove_entries=remove)
+    assert [span(key) for key in second.written] == [(0, 47)]
+    assert first.written[0] in second.removed
+    assert len(second.removed) == 1 + (6 if remove else 0)
+    found = await objects(stores.io(mode), state_id)
+    assert [span(o.key) for o in found if o.kind == "segment"] == [(0, 47)]
+    assert sum(o.kind == "entry" for o in found) == (0 if remove else 47)
+    log = RequestLog()
+    same(await load(stores.new(event_hooks=log.hooks), mode, state_id), state)
+    assert log.counts()["GET"] == 2
+
+
+@pytest.mark.integration
+async def test_pack_load_and_pack_again_on_localstack(mode: Mode, localstack: Stores) -> None:
+    await together(
+        {
+            "kept": pack_load_pack_again(localstack, mode, "again-kept", False),
+            "removed": pack_load_pack_again(localstack, mode, "again-removed", True),
+        }
+    )
+
+
+@pytest.mark.integration
+async def test_a_damaged_segment_on_localstack(
+    mode: Mode, localstack: Stores, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Entries kept: a damaged segment is read from the entry objects instead, and so is a
+    segment removed. Entries removed: the load names the damaged segment."""
+    kept, removed = State("kept", id="damaged-kept"), State("removed", id="damaged-removed")
+    for state in (kept, removed):
+        run(state, 10)
+        await save(localstack.new(), mode, state)
+    (kept_key,) = (await pack(localstack.new(), mode, kept.id)).written
+    (removed_key,) = (await pack(localstack.new(), mode, removed.id, remove_entries=True)).written
+    client = raw_client(localstack.url)
+    try:
+        for key in (kept_key, removed_key):
+            stored = client.get_object(Bucket=localstack.bucket, Key=key)["Body"].read()
+            client.put_object(Bucket=localstack.bucket, Key=key, Body=stored[:-40])
+        with caplog.at_level(logging.WARNING, "alpineagents_s3"):
+            same(await load(localstack.new(), mode, kept.id), kept)
+        assert kept_key in caplog.text and "own objects instead" in caplog.text
+        with pytest.raises(CorruptStateError, match="packed segment is damaged") as caught:
+            await load(localstack.new(), mode, removed.id)
+        assert removed_key in str(caught.value)
+        client.delete_object(Bucket=localstack.bucket, Key=kept_key)
+        same(await load(localstack.new(), mode, kept.id), kept)
+    finally:
+        client.close()
+
+
+# 4. Adversarial -----------------------------------------------------------------------------
+
+# Valid State ids that look like parts of keys, or are prefixes of one another.
+ODD_IDS = [
+    "0000000000-0000000005",
+    "0000000000",
+    "packed",
+    "-",
+    "a",
+    "a-b",
+    "x" * 128,
+]
+
+
+async def odd_id(stores: Stores, mode: Mode, state_id: str) -> None:
+    segments = await write_and_pack(
+        stores, mode, state_id, packed=4, bounds=(2,), remove=state_id < "b", after=1
+    )
+    listings = Listings(packed=1, entries=2)
+    log = await read_back(stores, mode, state_id, 5, listings)
+    assert fetched(log) == (segments, [4])
+
+
+async def test_state_ids_that_look_like_keys_or_prefix_one_another(
+    mode: Mode, stores: Stores
+) -> None:
+    """Seven States side by side in one prefix, in pages of 1 or 2 keys: each reads only its own."""
+    await together({state_id: odd_id(stores, mode, state_id) for state_id in ODD_IDS})
+
+
+async def test_stores_nested_inside_a_states_prefix(mode: Mode, stores: Stores) -> None:
+    """A store whose prefix is a State's (``runs/a``), and stores under that State's
+    ``entries/`` and ``packed/`` prefixes whose State id is the State's generation: their
+    objects sit among the State's own segments and entries, in the same listings. Each State
+    loads as saved, and a pack with ``remove_entries`` of one removes nothing of the others."""
+    await write_and_pack(stores, mode, "a", packed=6, bounds=(3,), after=2)
+    generation = next(
+        o.key.split("/")[3] for o in await objects(stores.io(mode), "a") if o.kind == "entry"
+    )
+    nested = {
+        "runs/a": ["packed", "entries"],
+        "runs/a/entries": [generation],
+        "runs/a/packed": [generation],
+    }
+    made: dict[tuple[str, str], S3Store] = {}
+    for prefix, ids in nested.items():
+        for state_id in ids:
+            store = S3Store(stores.bucket, prefix, endpoint_url=stores.url, session=stores.session)
+            stores.made.append(store)
+            made[prefix, state_id] = store
+            io = StoreIO(store, mode)
+            await io.write(state_id, entry_dicts(0, 3), snapshot_dict(state_id, 3), create=True)
+            await pack(store, mode, state_id)
+            await io.write(state_id, entry_dicts(3, 4), snapshot_dict(state_id, 4))
+    listings = Listings(packed=2, entries=2)
+    await read_back(stores, mode, "a", 8, listings)
+    packed = await pack(stores.new(), mode, "a", remove_entries=True)
+    # Its own two segments, merged into one, and its own eight entry objects.
+    assert packed.covered == 8 and [span(key) for key in packed.written] == [(0, 8)]
+    own = [f"runs/a/packed/{generation}/", f"runs/a/entries/{generation}/"]
+    assert (
+        sorted(key.rsplit("/", 1)[0] + "/" for key in packed.removed) == [own[1]] * 8 + [own[0]] * 2
+    )
+    await read_back(stores, mode, "a", 8, Listings(packed=2, entries=2))
+    for (prefix, state_id), store in made.items():
+        record = await StoreIO(store, mode).read(state_id)
+        assert record is not None, (prefix, state_id)
+        assert list(record.entries) == entry_dicts(0, 4), (prefix, state_id)
+
+
+async def test_segments_and_entries_of_other_generations_among_the_pages(
+    mode: Mode, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segments and entries of generations before and after the State's own (a create that
+    lost a race, a State deleted and created again), more than a page of each: the load reads
+    none of them, and the first page of entries holds none of the State's own."""
+    segments = await write_and_pack(stores, mode, "gens", packed=6, bounds=(3,), after=3)
+    client = raw_client(stores.url)
+    try:
+        found = await objects(stores.io(mode), "gens")
+        mine = next(o.key.split("/")[3] for o in found if o.kind == "entry")
+        segment = next(o.key for o in found if o.kind == "segment")
+        data = client.get_object(Bucket=stores.bucket, Key=segment)["Body"].read()
+        for other in ("0" * 16, "f" * 16):
+            for seq in range(8):
+                key = f"runs/gens/entries/{other}/{seq:010d}.json"
+                client.put_object(Bucket=stores.bucket, Key=key, Body=b"{}")
+            for start in range(0, 6, 2):  # not S3Store's: a reader that took them would fail
+                key = f"runs/gens/packed/{other}/{start:010d}-{start + 3:010d}.json"
+                client.put_object(Bucket=stores.bucket, Key=key, Body=data[: len(data) // 2])
+    finally:
+        client.close()
+    monkeypatch.setattr(_reading, "FIRST_PAGE", FIRST)
+    listings = Listings(packed=2, entries=ENTRY_PAGE)
+    log = await read_back(stores, mode, "gens", 9, listings)
+    assert fetched(log) == (segments, [6, 7, 8])
+    got = [r.path for r in log.requests if r.kind == "GET"]
+    assert all(f"/{mine}/" in path for path in got if not path.endswith("/snapshot.json"))
