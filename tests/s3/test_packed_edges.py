@@ -360,22 +360,10 @@ async def edge_loads(team: Team, state_id: str, edge: Edge) -> None:
     assert len(listings) == edge.lists, listings
 
 
-@pytest.mark.parametrize(
-    ("mode", "server"),
-    [
-        ("sync", "moto"),
-        ("async", "moto"),
-        pytest.param("sync", "localstack", marks=pytest.mark.integration),
-    ],
-    indirect=["server"],
-)
 async def test_entries_listed_after_the_segments_at_page_edges(
     mode: Mode, server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every case of ``EDGES``, each a State of its own, loaded with pages of 2, then 3 keys.
-
-    On LocalStack through the sync API only: the listings are the same steps in both modes
-    (the async API on LocalStack is in the tests above and below), and the file stays quick."""
+    """Every case of ``EDGES``, each a State of its own, loaded with pages of 2, then 3 keys."""
     monkeypatch.setattr(_reading, "FIRST_PAGE", FIRST)
     team = Team(server.stores, mode, entries=ENTRY_PAGE)
     await together({name: edge_loads(team, name, edge) for name, edge in EDGES.items()})
