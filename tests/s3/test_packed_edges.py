@@ -33,7 +33,7 @@ import pytest
 
 from alpineagents import State
 from alpineagents.testing import StoreIO
-from alpineagents_s3 import CorruptStateError, S3Store, _packing, _reading
+from alpineagents_s3 import CorruptStateError, Packed, S3Store, _packing, _reading
 from alpineagents_s3.testing import Request, RequestLog
 from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict
 from tests.s3.helpers import Stores, load, objects, pack, raw_client, run, save
@@ -558,3 +558,34 @@ async def test_segments_and_entries_of_other_generations_among_the_pages(
     assert fetched(requests) == (segments, [6, 7, 8])
     got = [r.path for r in requests if r.kind == "GET"]
     assert all(f"/{mine}/" in path for path in got if not path.endswith("/snapshot.json"))
+
+
+async def test_segments_over_pages_merged_while_a_load_reads_them(
+    mode: Mode, stores: Stores
+) -> None:
+    """A load listed 7 segments (2 a page); as it GETs them, another store object packs the
+    State again (one segment of all 17 entries, the 7 and the entry objects removed). The
+    load meets 404s, lists ``packed/`` again, page after page, and reads the new segment."""
+    team = Team(stores, mode)
+    segments = await team.write_and_pack(
+        "merged", packed=14, bounds=range(2, 14, 2), remove=True, after=3
+    )
+    merges: list[Packed] = []
+    once = threading.Lock()  # the sync API sends the segment GETs from several threads
+
+    def merge(params: dict[str, Any], **kwargs: Any) -> None:
+        with once:
+            if SEGMENT_NAME.search(params["url"]) and not merges:
+                merges.append(stores.new().pack("merged", remove_entries=True))
+
+    listings = Listings(packed=2)
+    log = RequestLog()
+    hooks = {**listings.hooks, **log.hooks, "before-call.s3.GetObject": merge}
+    record = await StoreIO(stores.new(event_hooks=hooks), mode).read("merged")
+    assert record is not None and list(record.entries) == entry_dicts(0, 17)
+    (merged,) = merges
+    assert [span(key) for key in merged.written] == [(0, 17)]
+    assert sorted(span(k) for k in merged.removed if SEGMENT_NAME.search(k)) == segments
+    assert (0, 17) in fetched(log.requests)[0]
+    pages = [x for x in listings.made if x.packed]
+    assert len(pages) >= 1 + 4 + 1, pages  # as before, then the new segment's one page
