@@ -397,30 +397,31 @@ def same(a: State, b: State) -> None:
 async def pack_load_pack_again(stores: Stores, mode: Mode, state_id: str, remove: bool) -> None:
     """20 tool turns packed (one segment, under SEGMENT_MIN), 3 turns more, packed again: the
     second pack merges the first segment into one that holds all 47 entries."""
+    writer, packer, log = stores.new(), stores.new(), RequestLog()
+    reader = stores.new(event_hooks=log.hooks)
     state = State("on localstack", id=state_id)
     run(state, 20)
-    writer = stores.new()
     await save(writer, mode, state)
-    first = await pack(stores.new(), mode, state_id, remove_entries=remove)
+    first = await pack(packer, mode, state_id, remove_entries=remove)
     assert [span(key) for key in first.written] == [(0, 41)]
     assert len(first.removed) == (41 if remove else 0)
-    same(await load(stores.new(), mode, state_id), state)
+    same(await load(reader, mode, state_id), state)
 
     run(state, 3, first=20)
     await save(writer, mode, state)
-    log = RequestLog()
-    same(await load(stores.new(event_hooks=log.hooks), mode, state_id), state)
+    log.clear()
+    same(await load(reader, mode, state_id), state)
     assert log.counts()["GET"] == 1 + 1 + 6  # the snapshot, the segment, the 6 new entries
 
-    second = await pack(stores.new(), mode, state_id, remove_entries=remove)
+    second = await pack(packer, mode, state_id, remove_entries=remove)
     assert [span(key) for key in second.written] == [(0, 47)]
     assert first.written[0] in second.removed
     assert len(second.removed) == 1 + (6 if remove else 0)
-    found = await objects(stores.io(mode), state_id)
+    found = await objects(StoreIO(packer, mode), state_id)
     assert [span(o.key) for o in found if o.kind == "segment"] == [(0, 47)]
     assert sum(o.kind == "entry" for o in found) == (0 if remove else 47)
-    log = RequestLog()
-    same(await load(stores.new(event_hooks=log.hooks), mode, state_id), state)
+    log.clear()
+    same(await load(reader, mode, state_id), state)
     assert log.counts()["GET"] == 2
 
 
@@ -441,24 +442,25 @@ async def test_a_damaged_segment_on_localstack(
     """Entries kept: a damaged segment is read from the entry objects instead, and so is a
     segment removed. Entries removed: the load names the damaged segment."""
     kept, removed = State("kept", id="damaged-kept"), State("removed", id="damaged-removed")
+    store = localstack.new()
     for state in (kept, removed):
         run(state, 10)
-        await save(localstack.new(), mode, state)
-    (kept_key,) = (await pack(localstack.new(), mode, kept.id)).written
-    (removed_key,) = (await pack(localstack.new(), mode, removed.id, remove_entries=True)).written
+        await save(store, mode, state)
+    (kept_key,) = (await pack(store, mode, kept.id)).written
+    (removed_key,) = (await pack(store, mode, removed.id, remove_entries=True)).written
     client = raw_client(localstack.url)
     try:
         for key in (kept_key, removed_key):
             stored = client.get_object(Bucket=localstack.bucket, Key=key)["Body"].read()
             client.put_object(Bucket=localstack.bucket, Key=key, Body=stored[:-40])
         with caplog.at_level(logging.WARNING, "alpineagents_s3"):
-            same(await load(localstack.new(), mode, kept.id), kept)
+            same(await load(store, mode, kept.id), kept)
         assert kept_key in caplog.text and "own objects instead" in caplog.text
         with pytest.raises(CorruptStateError, match="packed segment is damaged") as caught:
-            await load(localstack.new(), mode, removed.id)
+            await load(store, mode, removed.id)
         assert removed_key in str(caught.value)
         client.delete_object(Bucket=localstack.bucket, Key=kept_key)
-        same(await load(localstack.new(), mode, kept.id), kept)
+        same(await load(store, mode, kept.id), kept)
     finally:
         client.close()
 
