@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import boto3
 import pytest
@@ -42,10 +42,6 @@ from alpineagents_s3 import CorruptStateError, Packed, S3Store, _packing, _readi
 from alpineagents_s3.testing import Request, RequestLog
 from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict
 from tests.s3.helpers import Stores, load, objects, pack, raw_client, run, save
-
-if TYPE_CHECKING:
-    from types_boto3_s3 import S3Client
-
 
 # Tools ---------------------------------------------------------------------------------------
 
@@ -92,14 +88,6 @@ class Listings:
     def hooks(self) -> dict[str, Callable[..., Any]]:
         """The hook, for ``S3Store(event_hooks=...)``."""
         return {"before-parameter-build.s3.ListObjectsV2": self}
-
-    def of_packed(self) -> list[Listing]:
-        """The listings of ``packed/``."""
-        return [listing for listing in self.made if listing.packed]
-
-    def of_entries(self) -> list[Listing]:
-        """The listings of entries."""
-        return [listing for listing in self.made if not listing.packed]
 
 
 # Where the pack under way in this task or thread cuts (``None``: as S3Store does).
@@ -154,29 +142,17 @@ def fetched(requests: Sequence[Request]) -> tuple[list[tuple[int, int]], list[in
     return segments, entries
 
 
-@dataclass
-class Server:
-    """Store objects on one S3 implementation, and a plain client on it."""
-
-    name: str
-    stores: Stores
-    client: S3Client
-
-
 @pytest.fixture(params=["moto", pytest.param("localstack", marks=pytest.mark.integration)])
-async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
-    """Store objects on moto's server, and on LocalStack when it runs."""
-    url = request.getfixturevalue(f"{request.param}_url")
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
+    """Store objects on a new bucket of moto's server, and of LocalStack when it runs."""
     stores = Stores(
-        url,
+        request.getfixturevalue(f"{request.param}_url"),
         request.getfixturevalue(f"{request.param}_bucket"),
         request.getfixturevalue("boto_session"),
     )
-    client = raw_client(url)
     try:
-        yield Server(request.param, stores, client)
+        yield stores
     finally:
-        client.close()
         await stores.close()
 
 
@@ -256,7 +232,7 @@ async def together(cases: dict[str, Awaitable[object]]) -> None:
 # 1. More segments than one page of packed/ -------------------------------------------------
 
 
-async def many_segments(team: Team, stores: Stores, state_id: str, remove: bool) -> None:
+async def many_segments(team: Team, state_id: str, remove: bool) -> None:
     """7 segments listed 2 a page: every segment is read once, the State is the same.
 
     A load lists ``packed/`` once with the snapshot GET; the page is truncated, so it lists
@@ -291,14 +267,14 @@ async def many_segments(team: Team, stores: Stores, state_id: str, remove: bool)
 
 
 async def test_segments_over_several_pages_of_the_packed_listing(
-    mode: Mode, server: Server
+    mode: Mode, server: Stores
 ) -> None:
     """Entries kept and removed (two States at once)."""
-    team = Team(server.stores, mode, packed=2)
+    team = Team(server, mode, packed=2)
     await together(
         {
-            "kept": many_segments(team, server.stores, "paged-kept", False),
-            "removed": many_segments(team, server.stores, "paged-removed", True),
+            "kept": many_segments(team, "paged-kept", False),
+            "removed": many_segments(team, "paged-removed", True),
         }
     )
 
@@ -366,11 +342,11 @@ async def edge_loads(team: Team, state_id: str, edge: Edge) -> None:
 
 
 async def test_entries_listed_after_the_segments_at_page_edges(
-    mode: Mode, server: Server, monkeypatch: pytest.MonkeyPatch
+    mode: Mode, server: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every case of ``EDGES``, each a State of its own, loaded with pages of 2, then 3 keys."""
     monkeypatch.setattr(_reading, "FIRST_PAGE", FIRST)
-    team = Team(server.stores, mode, entries=ENTRY_PAGE)
+    team = Team(server, mode, entries=ENTRY_PAGE)
     await together({name: edge_loads(team, name, edge) for name, edge in EDGES.items()})
 
 
