@@ -269,7 +269,7 @@ class S3Store(Store):
         The entries the stored snapshot counts are written into *packed segments*, objects of
         at least 128 KiB (or one object, for a smaller State), each written once with
         ``If-None-Match: *``. A load then reads the snapshot, the segments and the entries
-        saved after the pack: at most 3 rounds of requests, whatever the history's length.
+        saved after the pack: at most 3 rounds of requests up to 1,000 segments (about 1 GB).
         Packing again packs what was saved since, merging small segments into larger ones so
         that a State keeps a few. It is safe while the State is being run: only entries that
         are final are packed, and no save waits for it or is refused because of it.

