@@ -9,8 +9,8 @@
 #    written against the Store contract alone (conformance on moto's server, and that core's
 #    own Agent killed mid-tool and resumed from the bucket).
 # LocalStack (on 127.0.0.1, no Docker) runs for step 1; ALPINEAGENTS_NO_LOCALSTACK=1 skips it
-# (its tests are then skipped). Step 1 runs in $ALPINEAGENTS_TEST_WORKERS pytest-xdist workers
-# (default 2; 0 runs it in this process). Extra arguments go to the pytest of step 1.
+# (its tests are then skipped). Both steps run in $ALPINEAGENTS_TEST_WORKERS pytest-xdist workers
+# (default 2; 0 runs them in one process). Extra arguments go to the pytest of step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${ALPINEAGENTS_VENV:-.venv}
@@ -31,7 +31,8 @@ for core in $published; do
     env_dir="$venv-core-$core"
     [ -x "$env_dir/bin/python" ] || python3 -m venv "$env_dir"
     quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$core" \
-        "pytest>=8.3" "pytest-asyncio>=0.25" "moto[server]>=5.1" "aioboto3>=15" "boto3>=1.40"
+        "pytest>=8.3" "pytest-asyncio>=0.25" "pytest-xdist>=3.6" "moto[server]>=5.1" "aioboto3>=15" \
+        "boto3>=1.40"
     # As a user would: the plugin with its dependencies resolved next to the installed core,
     # which must stay as it is. (-P: the checkout's alpineagents.egg-info must not answer.)
     quiet "$env_dir/bin/python" -m pip uninstall "${pip_quiet[@]}" -y alpineagents-s3
@@ -59,11 +60,12 @@ record() {  # record NAME STATUS LOG: the last line of a pytest run, for the mat
     [ "$2" -eq 0 ] || failed=1
 }
 
-logs=$(mktemp -d)
-status=0
 workers=${ALPINEAGENTS_TEST_WORKERS:-2}
 parallel=(-n "$workers")
 [ "$workers" = 0 ] || parallel+=(--dist worksteal)  # the long tests are spread as they run
+
+logs=$(mktemp -d)
+status=0
 "$venv/bin/python" -m pytest "${parallel[@]}" "$@" 2>&1 | tee "$logs/repo.log" || status=$?
 record "alpineagents $("$venv/bin/python" -c 'from importlib.metadata import version; print(version("alpineagents"))') (this repo)" "$status" "$logs/repo.log"
 
@@ -74,7 +76,7 @@ for core in $published; do
     # alpineagents and alpineagents_s3 from.
     ALPINEAGENTS_EXPECT_CORE=$core PYTHONSAFEPATH=1 "$venv-core-$core/bin/python" -m pytest \
         -c pyproject.toml --rootdir=. --import-mode=importlib --confcutdir=tests/plugin \
-        -p no:cacheprovider tests/plugin 2>&1 | tee "$logs/$core.log" || status=$?
+        -p no:cacheprovider "${parallel[@]}" tests/plugin 2>&1 | tee "$logs/$core.log" || status=$?
     record "alpineagents $core (published)" "$status" "$logs/$core.log"
 done
 
