@@ -256,9 +256,7 @@ def _listed_segments(
     prefix = layout.packed_prefix(state_id)
     if isinstance(page, Exception):
         layout.fail(page, prefix, "ListObjectsV2")
-    items = list(page.get("Contents", ()))
-    if page.get("IsTruncated"):
-        items = yield from list_all(layout, prefix)
+    items = yield from list_all(layout, prefix, first=page)
     return segments_in(layout, state_id, generation, items)
 
 
@@ -429,10 +427,18 @@ def _summary(layout: Layout, state_id: str, snapshot: dict[str, Any], key: str) 
         ) from e
 
 
-def list_all(layout: Layout, prefix: str) -> Steps[list[Response]]:
-    """Every object under ``prefix``, as ListObjectsV2 describes them, page after page."""
+def list_all(layout: Layout, prefix: str, first: Response | None = None) -> Steps[list[Response]]:
+    """Every object under ``prefix``, as ListObjectsV2 describes them, page after page.
+
+    ``first`` is a first page of that listing already fetched: the listing goes on after it.
+    """
     items: list[Response] = []
     token = None
+    if first is not None:
+        items.extend(first.get("Contents", ()))
+        token = first.get("NextContinuationToken") if first.get("IsTruncated") else None
+        if not token:
+            return items
     while True:
         (page,) = yield from layout.send([layout.list_page(prefix, token)])
         if isinstance(page, Exception):
