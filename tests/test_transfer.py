@@ -394,7 +394,7 @@ def test_a_copy_into_s3_killed_halfway_finishes_when_run_again(
 @pytest.mark.crash
 def test_a_copy_between_folders_killed_at_a_random_point_finishes(tmp_path: Path) -> None:
     src, dst = FileStore(tmp_path / "src"), FileStore(tmp_path / "dst")
-    ids = make_states(src, 30)
+    ids = make_states(src, 120)  # enough that the copy is still running at the 10th
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(src.path), str(dst.path), "0"],
         cwd=REPO,
