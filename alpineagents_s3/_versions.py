@@ -56,6 +56,13 @@ class Version:
     refused: bool = False
     landed: int = 0
 
+    def landed_as(self, etag: str, count: int | None) -> Version:
+        """The Version after a snapshot PUT of this store object landed as ``etag``.
+
+        Nothing is unsure any more, and the ``count`` entries that snapshot counts are final.
+        """
+        return replace(self, etag=etag, unsure=frozenset(), landed=max(self.landed, count or 0))
+
 
 @dataclass(frozen=True)
 class PendingCreate:

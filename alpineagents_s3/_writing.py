@@ -372,8 +372,7 @@ def _settle(layout: Layout, ledger: Ledger, state_id: str, version: Version) -> 
         settled = replace(version, unsure=frozenset())
     elif current.meta.generation == version.generation and current.meta.token in version.unsure:
         # One of ours landed: the entries it counts are final, as after an answered PUT.
-        landed = max(version.landed, current.meta.count or 0)
-        settled = replace(version, etag=current.etag, unsure=frozenset(), landed=landed)
+        settled = version.landed_as(current.etag, current.meta.count)
     else:
         raise refused(layout, state_id, version)
     ledger.versions[state_id] = settled
@@ -473,10 +472,7 @@ def _replace_snapshot(
             ledger.pending_creates[state_id] = replace(pending, tokens=pending.tokens | {token})
         (outcome,) = yield from layout.send([put])
         if not isinstance(outcome, Exception):
-            landed = max(version.landed, version.count or 0)
-            ledger.versions[state_id] = replace(
-                version, etag=outcome["ETag"], unsure=frozenset(), landed=landed
-            )
+            ledger.versions[state_id] = version.landed_as(outcome["ETag"], version.count)
             return
         code = error_code(outcome)
         if code not in NOT_FOUND_CODES and code not in PRECONDITION_CODES:
@@ -493,10 +489,7 @@ def _replace_snapshot(
         if current.meta.generation != version.generation or current.meta.token not in ours:
             break
         # Our own write, whose answer was lost.
-        landed = max(version.landed, current.meta.count or 0)
-        ledger.versions[state_id] = replace(
-            version, etag=current.etag, unsure=frozenset(), landed=landed
-        )
+        ledger.versions[state_id] = version.landed_as(current.etag, current.meta.count)
         if current.body == body:
             return
     # Keep the old version: every later write of this State here is refused too.
