@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from alpineagents_s3._codec import dumps, dumps_segment, loads_segment, validate_id
+from alpineagents_s3._contract import Record
 from alpineagents_s3._deleting import delete_keys
 from alpineagents_s3._layout import GENERATION_META, Layout
-from alpineagents_s3._reading import gather, list_all
+from alpineagents_s3._reading import Gathered, gather, list_all, read_gathered
 from alpineagents_s3._segments import Segment, chain
 from alpineagents_s3._steps import Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
+from alpineagents_s3._versions import Ledger
 from alpineagents_s3.errors import CorruptStateError
 
 logger = logging.getLogger("alpineagents_s3")
@@ -68,11 +70,66 @@ def pack(layout: Layout, state_id: str, remove_entries: bool) -> Steps[Packed]:
     found = yield from gather(layout, state_id)
     if found is None:
         raise layout.not_found(state_id)
+    return (yield from pack_gathered(layout, state_id, found, remove_entries))
+
+
+def read_and_pack(
+    layout: Layout, ledger: Ledger, state_id: str, at_least: int
+) -> Steps[Record | None]:
+    """``read``, then a pack of what it read if it fetched ``at_least`` final entries one by one.
+
+    The load returns what it read whatever the pack does: a pack that fails (no permission to
+    write, the State deleted meanwhile, a network error) is logged as a warning, and leaves
+    the State as it was (a pack stopped at any point does; see ``tests/s3/test_pack_crash.py``).
+    """
+    record, found = yield from read_gathered(layout, ledger, state_id)
+    if found is None or unpacked(found) < at_least:
+        return record
+    try:
+        packed = yield from pack_gathered(layout, state_id, found, remove_entries=False)
+    except Exception as e:  # noqa: BLE001 - the load has what it read; the pack can wait
+        logger.warning(
+            "loaded %s, but could not pack its %d entries read one by one (auto_pack=%d): %s",
+            layout.url(layout.state_prefix(state_id)),
+            unpacked(found),
+            at_least,
+            e,
+        )
+    else:
+        logger.info(
+            "packed %s while loading it: %d entries in segments",
+            layout.url(layout.state_prefix(state_id)),
+            packed.covered,
+        )
+    return record
+
+
+def unpacked(found: Gathered) -> int:
+    """How many of the entries the snapshot counts a read of ``found`` fetched one by one."""
+    return (found.stored.meta.count or 0) - _covered(_readable(found))
+
+
+def _readable(found: Gathered) -> list[Segment]:
+    """The segments a read of ``found`` could read from seq 0 on: a damaged one ends them."""
+    return [s for s in chain(found.segments, found.stored.meta.count) if s.end <= found.packed]
+
+
+def _covered(segments: Sequence[Segment]) -> int:
+    return segments[-1].end if segments else 0
+
+
+def pack_gathered(
+    layout: Layout, state_id: str, found: Gathered, remove_entries: bool
+) -> Steps[Packed]:
+    """Pack what ``found`` (a read of the State just made) holds of the final entries.
+
+    A load that read the State packs from what it read (``S3Store(auto_pack=...)``): the
+    writes of a pack, no GET more.
+    """
     generation = found.stored.meta.generation
     count = found.stored.meta.count or 0  # no count recorded: nothing is known to be final
-    # Only segments this read could read from seq 0 on: a damaged one is written again.
-    segments = [s for s in chain(found.segments, count) if s.end <= found.packed]
-    covered = segments[-1].end if segments else 0
+    segments = _readable(found)  # a damaged segment is written again
+    covered = _covered(segments)
     written: list[str] = []
     if covered < count:
 

@@ -121,11 +121,19 @@ class Gathered:
 
 def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
     """The State's Record: the snapshot and the unbroken run of entries from seq 0."""
+    record, _ = yield from read_gathered(layout, ledger, state_id)
+    return record
+
+
+def read_gathered(
+    layout: Layout, ledger: Ledger, state_id: str
+) -> Steps[tuple[Record, Gathered] | tuple[None, None]]:
+    """``read``, and what it gathered (for a pack of what it read)."""
     validate_id(state_id)
     held = ledger.versions.get(state_id)
     found = yield from gather(layout, state_id)
     if found is None:
-        return None
+        return None, None
     stored, entries, listed = found.stored, found.entries, found.listed
     # Beyond the count, only entries saved on top of this very snapshot are the State's.
     also = (stored.meta.claimed_from, stored.meta.claimer)
@@ -143,7 +151,8 @@ def read(layout: Layout, ledger: Ledger, state_id: str) -> Steps[Record | None]:
     version = Version(stored.etag, stored.meta.generation, count=count, landed=count or 0)
     ledger.remember(state_id, held, version, gap, orphans)
     logger.debug("read %s: %d entries", layout.url(layout.snapshot_key(state_id)), gap)
-    return _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)
+    record = _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)
+    return record, found
 
 
 def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathered | None]:

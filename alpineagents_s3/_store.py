@@ -16,7 +16,7 @@ from alpineagents_s3._clients import Clients, endpoint_identity
 from alpineagents_s3._contract import Record, Store, Summary
 from alpineagents_s3._deleting import delete
 from alpineagents_s3._layout import Layout
-from alpineagents_s3._packing import Packed, pack
+from alpineagents_s3._packing import Packed, pack, read_and_pack
 from alpineagents_s3._reading import StoredObject, list_states, objects, read
 from alpineagents_s3._steps import Steps
 from alpineagents_s3._sweeping import SWEEP_AGE, sweep
@@ -90,6 +90,13 @@ class S3Store(Store):
         sse_kms_key_id: The KMS key for SSE-KMS, sent with every PUT (implies ``"aws:kms"``).
         event_hooks: botocore event handlers (``{"before-send.s3": handler}``) registered on
             every client the store opens, sync and async.
+        auto_pack: Pack as a load goes: a load that fetched this many or more of the entries
+            the snapshot counts one object each also packs them (as ``pack()``, entry objects
+            kept), from what it read: one PUT per new segment and one HEAD, no GET more, so
+            the next load of the State reads a few segments. The load returns what it read
+            even if that pack fails (say, credentials that may only read): a warning is
+            logged. Default ``None``: a load writes nothing. See docs/s3.md, "Packed
+            segments".
     """
 
     def __init__(
@@ -107,11 +114,18 @@ class S3Store(Store):
         server_side_encryption: str | None = None,
         sse_kms_key_id: str | None = None,
         event_hooks: Mapping[str, EventHook] | None = None,
+        auto_pack: int | None = None,
     ):
         if not bucket or "/" in bucket:
             raise ValueError(f"invalid bucket name {bucket!r}")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+        if auto_pack is not None and (
+            not isinstance(auto_pack, int) or isinstance(auto_pack, bool) or auto_pack < 1
+        ):
+            raise ValueError(
+                f"auto_pack must be None or a number of entries of at least 1, not {auto_pack!r}"
+            )
         if sse_kms_key_id and server_side_encryption is None:
             server_side_encryption = "aws:kms"
         if server_side_encryption is not None and server_side_encryption not in _SSE_MODES:
@@ -130,6 +144,7 @@ class S3Store(Store):
         self.endpoint_url = endpoint_url
         self.region_name = region_name
         self.max_concurrency = max_concurrency
+        self.auto_pack = auto_pack
         self._clients = Clients(
             endpoint_url=endpoint_url,
             region_name=region_name,
@@ -222,8 +237,11 @@ class S3Store(Store):
         self._sync.run(self._steps(write, self._ledger, state_id, entries, snapshot, create))
 
     def read(self, state_id: str) -> Record | None:
-        """The snapshot and every entry, fetched concurrently; ``None`` for an unknown id."""
-        return self._sync.run(self._steps(read, self._ledger, state_id))
+        """The snapshot and every entry, fetched concurrently; ``None`` for an unknown id.
+
+        With ``auto_pack``, a read that fetched that many entry objects also packs them.
+        """
+        return self._sync.run(self._reading(state_id))
 
     def load(self, state_id: str) -> Any:
         """The core's ``load``; an error of the core about what is stored names where it is."""
@@ -320,6 +338,12 @@ class S3Store(Store):
         self._check_open()
         return operation(self._layout, *args)
 
+    def _reading(self, state_id: str) -> Steps[Record | None]:
+        """The steps of ``read``: with ``auto_pack``, a pack of what was read may follow."""
+        if self.auto_pack is None:
+            return self._steps(read, self._ledger, state_id)
+        return self._steps(read_and_pack, self._ledger, state_id, self.auto_pack)
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(
@@ -342,7 +366,7 @@ class S3Store(Store):
 
     async def aread(self, state_id: str) -> Record | None:
         """Async ``read``, on aioboto3."""
-        return await self._async.run(self._steps(read, self._ledger, state_id))
+        return await self._async.run(self._reading(state_id))
 
     async def alist(self) -> builtins.list[Summary]:
         """Async ``list``, on aioboto3."""

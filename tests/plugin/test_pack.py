@@ -194,6 +194,36 @@ def test_a_state_the_core_saved_loads_the_same_packed_and_saves_on(
     assert call(make_store(), mode, "load", "core").history == loaded.history
 
 
+def test_a_load_through_an_auto_pack_store_packs_what_the_core_saved(
+    make_store: MakeStore, mode: str
+) -> None:
+    store = make_store()
+    state = new_state("auto", "pack me as you load me")
+    save(store, state, mode)
+    for n in range(8):
+        add_message(state, f"message {n}: " + "\u00e9" * 100)
+        save(store, state, mode)
+    record = call(make_store(), mode, "read", "auto")
+    before = call(make_store(), mode, "load", "auto")
+    assert "segment" not in entry_kinds(store, "auto")
+
+    # The core's own load, through a store that packs as it loads: the same State, and one
+    # segment of the entries the snapshot counts (0.4.0 saves the last ones beyond it).
+    loaded = call(make_store(auto_pack=2), mode, "load", "auto")
+    assert loaded.history == before.history
+    assert entry_kinds(store, "auto").count("segment") == 1
+    again = call(make_store(), mode, "read", "auto")
+    assert list(again.entries) == list(record.entries)
+    assert small_of(again) == small_of(record)
+
+    # The core saves on from that load, through the same store object; all of it loads.
+    packing = make_store(auto_pack=2)
+    loaded = call(packing, mode, "load", "auto")
+    add_message(loaded, "after the pack")
+    save(packing, loaded, mode)
+    assert call(make_store(), mode, "load", "auto").history == loaded.history
+
+
 # The core's Agent resumes a packed State ----------------------------------------------------
 
 

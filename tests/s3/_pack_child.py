@@ -4,15 +4,17 @@
 loads the S3 service model once, prints ``ready``, then reads one job a line on stdin (JSON)::
 
     {"bucket": ..., "prefix": ..., "id": ..., "remove_entries": bool, "mode": "sync"|"async",
-     "kill": null | {"event": "before-send"|"after-call", "at": k}}
+     "on_load": bool, "kill": null | {"event": "before-send"|"after-call", "at": k}}
 
 For each job it forks a process (this one has no threads, so a fork is safe) that makes a new
-S3Store and packs the State. With ``kill``, that process sends itself SIGKILL at the k-th
+S3Store and packs the State (``on_load``: loads it through ``S3Store(auto_pack=1)``, which
+packs it as it loads it). With ``kill``, that process sends itself SIGKILL at the k-th
 request: in the ``before-send`` hook (the request is not sent) or in the ``after-call`` hook
 (its answer came back). Every request it makes is noted on a pipe before the hook may kill,
-and the packed result once ``pack`` returns. When the forked process has ended, one line of
-JSON goes to stdout: how it ended (``signal`` or ``exit``), the requests noted (``before``,
-``after``: ``[operation, n]`` each), the ``Packed`` result or the error, if any.
+and the packed result once ``pack`` returns (the history's length once ``load`` does). When
+the forked process has ended, one line of JSON goes to stdout: how it ended (``signal`` or
+``exit``), the requests noted (``before``, ``after``: ``[operation, n]`` each), the ``Packed``
+result (or ``loaded``) or the error, if any.
 """
 
 from __future__ import annotations
@@ -79,7 +81,11 @@ def pack(endpoint: str, job: dict[str, Any], fd: int) -> None:
         job["prefix"],
         endpoint_url=endpoint,
         event_hooks={f"{event}.s3": hooks.hook(event) for event in EVENTS},
+        auto_pack=1 if job["on_load"] else None,
     )
+    if job["on_load"]:
+        load_it(store, job, fd)
+        return
     if job["mode"] == "async":
 
         async def packed_async() -> Any:
@@ -93,6 +99,23 @@ def pack(endpoint: str, job: dict[str, Any], fd: int) -> None:
         packed = store.pack(job["id"], remove_entries=job["remove_entries"])
     store.close()
     note(fd, {"packed": {"covered": packed.covered, "written": list(packed.written)}})
+
+
+def load_it(store: S3Store, job: dict[str, Any], fd: int) -> None:
+    """Load the job's State through ``store`` (which packs it); note its history's length."""
+    if job["mode"] == "async":
+
+        async def loaded_async() -> Any:
+            try:
+                return await store.aload(job["id"])
+            finally:
+                await store.aclose()
+
+        state = asyncio.run(loaded_async())
+    else:
+        state = store.load(job["id"])
+    store.close()
+    note(fd, {"loaded": len(state.history)})
 
 
 def forked(endpoint: str, job: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +144,7 @@ def forked(endpoint: str, job: dict[str, Any]) -> dict[str, Any]:
         "after": [[n["operation"], n["n"]] for n in lines if n.get("event") == "after-call"],
     }
     for line in lines:
-        if "packed" in line or "error" in line:
+        if "packed" in line or "loaded" in line or "error" in line:
             report.update(line)
     return report
 

@@ -58,3 +58,15 @@ async def stores(
         yield made
     finally:
         await made.close()
+
+
+@pytest.fixture
+async def localstack(
+    localstack_url: str, localstack_bucket: MakeBucket, boto_session: boto3.Session
+) -> AsyncIterator[Stores]:
+    """Store objects on a new bucket of LocalStack, closed after the test."""
+    made = Stores(localstack_url, localstack_bucket, boto_session)
+    try:
+        yield made
+    finally:
+        await made.close()

@@ -14,8 +14,10 @@ Cases: a first pack, with entries kept (``pack``), and of a State that makes two
 entries removed (``apack``; two tool results of ~1.1 MB: 5 entries, so the pack makes 13
 requests rather than one GET per entry of ~20 KB); a second pack that merges the small segment
 of an earlier pack into a new one (a kill lands between "new segment written" and "merged
-segment removed"), with entries removed (``pack``) and kept (``apack``). Each kill point costs
-a pack in a forked process and about 60 requests of checks: ~0.7 s.
+segment removed"), with entries removed (``pack``) and kept (``apack``); and a load through
+``S3Store(auto_pack=1)`` (``load`` and ``aload``), which packs what it read, killed at any of
+its reads or of its pack's writes. Each kill point costs a pack in a forked process and about
+60 requests of checks: ~0.7 s.
 """
 
 from __future__ import annotations
@@ -60,18 +62,21 @@ class Case:
         mode: ``pack`` (sync) or ``apack`` (async), in the killed process.
         merge: The State was packed before (a small segment), then saved on: the pack merges.
         large: The State is ~2.2 MB: the pack writes two segments (else one, of ~5 KB).
+        on_load: The pack of a load through ``S3Store(auto_pack=1)`` (entries kept).
     """
 
     remove_entries: bool
     mode: Mode
     merge: bool
     large: bool = False
+    on_load: bool = False
 
     @property
     def name(self) -> str:
         kept = "removed" if self.remove_entries else "kept"
         size = "-large" if self.large else ""
-        return f"{'merge' if self.merge else 'first'}{size}-{kept}-{self.mode}"
+        how = "on-load-" if self.on_load else ""
+        return f"{how}{'merge' if self.merge else 'first'}{size}-{kept}-{self.mode}"
 
 
 CASES = [
@@ -79,6 +84,8 @@ CASES = [
     Case(remove_entries=True, mode="async", merge=False, large=True),
     Case(remove_entries=True, mode="sync", merge=True),
     Case(remove_entries=False, mode="async", merge=True),
+    Case(remove_entries=False, mode="sync", merge=False, on_load=True),
+    Case(remove_entries=False, mode="async", merge=True, on_load=True),
 ]
 
 
@@ -107,6 +114,7 @@ class Packer:
             "id": state_id,
             "remove_entries": case.remove_entries,
             "mode": case.mode,
+            "on_load": case.on_load,
             "kill": {"event": kill[0], "at": kill[1]} if kill else None,
         }
         self.stdin.write(json.dumps(job) + "\n")
@@ -221,7 +229,12 @@ def test_a_pack_killed_at_any_request_leaves_the_state_as_it_was(
         prepare(store, "counted", case)
         done = packer.pack(store, "counted", case)
         assert done["exit"] == 0 and "error" not in done, done
-        assert done["packed"]["covered"] == 5, done
+        if case.on_load:
+            assert done["loaded"] == 5, done
+            segments = [o.key for o in store.objects("counted") if o.kind == "segment"]
+            assert [segment_range(key) for key in segments] == [(0, 5)], segments
+        else:
+            assert done["packed"]["covered"] == 5, done
         operations = [op for op, _ in done["before"]]
         # No retries: one answer came back per request sent.
         assert Counter(op for op, _ in done["after"]) == Counter(operations), done

@@ -33,14 +33,13 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 import pytest
 
 from alpineagents import State
 from alpineagents.testing import StoreIO
 from alpineagents_s3 import CorruptStateError, Packed, S3Store, _packing, _reading
 from alpineagents_s3.testing import Request, RequestLog
-from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict
+from tests.helpers import Mode, entry_dicts, snapshot_dict
 from tests.s3.helpers import Stores, load, objects, pack, raw_client, run, save
 
 # Tools ---------------------------------------------------------------------------------------
@@ -351,18 +350,6 @@ async def test_entries_listed_after_the_segments_at_page_edges(
 
 
 # 3. On LocalStack --------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def localstack(
-    localstack_url: str, localstack_bucket: MakeBucket, boto_session: boto3.Session
-) -> AsyncIterator[Stores]:
-    """Store objects on a new bucket of LocalStack, closed after the test."""
-    made = Stores(localstack_url, localstack_bucket, boto_session)
-    try:
-        yield made
-    finally:
-        await made.close()
 
 
 def same(a: State, b: State) -> None:
