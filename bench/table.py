@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import platform
@@ -107,17 +108,23 @@ class Variant:
         s3: An S3Store (else a FileStore).
         pack: Call ``S3Store.pack(state_id)`` after saving (packed segments).
         remove_entries: ``pack(state_id, remove_entries=True)``: the entry objects go.
+        auto_pack: ``S3Store(auto_pack=...)``, measured at its worst: a load packed the
+            State when it was ``auto_pack - 1`` entries shorter, and those were saved since
+            (one fewer than the next load would pack), so a load fetches them one by one.
     """
 
     name: str
     s3: bool
     pack: bool = False
     remove_entries: bool = False
+    auto_pack: int | None = None
 
     def missing(self) -> str | None:
         """Why this variant cannot run in this checkout, or None."""
         if self.pack and not callable(getattr(S3Store, "pack", None)):
             return "S3Store has no pack() in this checkout"
+        if self.auto_pack and "auto_pack" not in inspect.signature(S3Store).parameters:
+            return "S3Store has no auto_pack in this checkout"
         return None
 
     @property
@@ -131,6 +138,7 @@ VARIANTS = (
     Variant(BASELINE, s3=True),
     Variant("S3Store packed", s3=True, pack=True),
     Variant("S3Store packed, entries removed", s3=True, pack=True, remove_entries=True),
+    Variant("S3Store auto_pack=16, 15 entries since", s3=True, auto_pack=16),
 )
 
 
@@ -273,9 +281,13 @@ def peak_memory(load: Callable[[], Any]) -> int:
         tracemalloc.stop()
 
 
-def make_state(n: int, state_id: str) -> State:
-    """A State of ``n`` history entries: model replies with a tool call, and tool results."""
-    state = State("Summarise the quarterly numbers", id=state_id)
+def make_state(n: int, state_id: str, state: State | None = None) -> State:
+    """A State of ``n`` history entries: model replies with a tool call, and tool results.
+
+    Given ``state``, its history grows to ``n`` entries of the same kinds.
+    """
+    if state is None:
+        state = State("Summarise the quarterly numbers", id=state_id)
     while len(state.history) < n:
         k = len(state.history)
         if k % 2:
@@ -311,12 +323,17 @@ class Bench:
                 self.stores[key] = CountingFileStore(self.folder / variant.prefix)
             else:
                 url = self.proxy if via == "proxy" else self.moto
+                # Only when asked for: a checkout without auto_pack runs the other variants.
+                options: dict[str, Any] = {}
+                if variant.auto_pack:
+                    options["auto_pack"] = variant.auto_pack
                 s3 = S3Store(
                     BUCKET,
                     variant.prefix,
                     endpoint_url=url,
                     session=self.session,
                     event_hooks=self.meter.hooks,
+                    **options,
                 )
                 # The client opens here, and botocore loads what a load uses (a State that
                 # does not exist: one LIST), so that no measured load pays for it.
@@ -364,7 +381,14 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
             continue
         progress(f"N={n} {variant.name}: saving {n} entries")
         writer = bench.store(variant, "direct")
-        writer.save(make_state(n, state.id))
+        if variant.auto_pack and n >= 2 * variant.auto_pack - 1:
+            # Its worst case: packed by a load one entry short of the next pack ago.
+            grown = make_state(n - variant.auto_pack + 1, state.id)
+            writer.save(grown)
+            writer.load(state.id)  # fetches them all one by one: packs them
+            writer.save(make_state(n, state.id, grown))
+        else:
+            writer.save(make_state(n, state.id))
         if variant.pack:
             assert isinstance(writer, S3Store)
             writer.pack(state.id, remove_entries=variant.remove_entries)
