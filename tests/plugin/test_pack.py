@@ -154,15 +154,23 @@ def save(store: S3Store, state: Any, mode: str) -> None:
         asyncio.run(saver.asave(state))
 
 
+def saved_by_the_core(
+    store: S3Store, mode: str, state_id: str, task: str, *, messages: int, size: int
+) -> Any:
+    """A State the core saved, then saved again after each of ``messages`` messages."""
+    state = new_state(state_id, task)
+    save(store, state, mode)
+    for n in range(messages):
+        add_message(state, f"message {n}: " + "\u00e9" * size)
+        save(store, state, mode)
+    return state
+
+
 def test_a_state_the_core_saved_loads_the_same_packed_and_saves_on(
     make_store: MakeStore, mode: str, remove_entries: bool
 ) -> None:
     store = make_store()
-    state = new_state("core", "pack me")
-    save(store, state, mode)
-    for n in range(6):
-        add_message(state, f"message {n}: " + "\u00e9" * 200)
-        save(store, state, mode)
+    state = saved_by_the_core(store, mode, "core", "pack me", messages=6, size=200)
     before = call(make_store(), mode, "load", "core")
     record = call(make_store(), mode, "read", "core")
     assert len(before.history) == len(state.history) == len(record.entries)
@@ -198,11 +206,7 @@ def test_a_load_through_an_auto_pack_store_packs_what_the_core_saved(
     make_store: MakeStore, mode: str
 ) -> None:
     store = make_store()
-    state = new_state("auto", "pack me as you load me")
-    save(store, state, mode)
-    for n in range(8):
-        add_message(state, f"message {n}: " + "\u00e9" * 100)
-        save(store, state, mode)
+    saved_by_the_core(store, mode, "auto", "pack me as you load me", messages=8, size=100)
     record = call(make_store(), mode, "read", "auto")
     before = call(make_store(), mode, "load", "auto")
     assert "segment" not in entry_kinds(store, "auto")

@@ -48,16 +48,21 @@ def boto_session(aws_environment: None) -> boto3.Session:
     return boto3.Session()
 
 
+async def _stores(url: str, buckets: MakeBucket, session: boto3.Session) -> AsyncIterator[Stores]:
+    made = Stores(url, buckets, session)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
 @pytest.fixture
 async def stores(
     moto_url: str, moto_bucket: MakeBucket, boto_session: boto3.Session
 ) -> AsyncIterator[Stores]:
     """Store objects on a new bucket of moto's server, closed after the test."""
-    made = Stores(moto_url, moto_bucket, boto_session)
-    try:
+    async for made in _stores(moto_url, moto_bucket, boto_session):
         yield made
-    finally:
-        await made.close()
 
 
 @pytest.fixture
@@ -65,8 +70,5 @@ async def localstack(
     localstack_url: str, localstack_bucket: MakeBucket, boto_session: boto3.Session
 ) -> AsyncIterator[Stores]:
     """Store objects on a new bucket of LocalStack, closed after the test."""
-    made = Stores(localstack_url, localstack_bucket, boto_session)
-    try:
+    async for made in _stores(localstack_url, localstack_bucket, boto_session):
         yield made
-    finally:
-        await made.close()
