@@ -96,6 +96,15 @@ def dumps_segment(start: int, bodies: Sequence[bytes]) -> bytes:
     return head.encode() + b",".join(bodies) + b"]}"
 
 
+def begins_as_segment(body: bytes) -> bool:
+    """Whether ``body`` begins as :func:`dumps_segment` begins each segment it writes.
+
+    A segment that does not read right but begins so is S3Store's own, damaged; an object that
+    does not begin so is not S3Store's.
+    """
+    return body.startswith(f'{{"{SEGMENT_FIELD}":'.encode())
+
+
 def _loads_large(body: bytes, where: str) -> Any:
     """:func:`_loads` of a large body, by pydantic_core's parser when it is installed.
 

@@ -77,11 +77,14 @@ def clear_orphans(
     if current is None or current.generation != version.generation or not current.orphans:
         return cleared, set()  # cleared by a write that held the lock before us
     orphans = dict(current.orphans)
-    stale = [
-        layout.entry_key(state_id, version.generation, seq)
-        for seq in sorted(orphans)
-        if seq not in bodies
-    ]
+    deleted = sorted(seq for seq in orphans if seq not in bodies)
+    stale = [layout.entry_key(state_id, version.generation, seq) for seq in deleted]
+    # The count never reaches past what is stored: a save of ours that failed counted its
+    # entries, now orphans, and this write removes those it has no entry for.
+    count = current.count
+    if deleted and count is not None:
+        count = min(count, deleted[0])
+        cleared = replace(cleared, count=min(cleared.count or count, count))
     puts = {
         seq: layout.entry_key(state_id, version.generation, seq) for seq in orphans if seq in bodies
     }
@@ -120,7 +123,7 @@ def clear_orphans(
                 raise second_writer(layout, state_id, key, seq)
             stored.add(seq)  # our own replacement, whose answer was lost
     if ledger.versions.get(state_id) is current:
-        ledger.versions[state_id] = replace(current, orphans={})
+        ledger.versions[state_id] = replace(current, orphans={}, count=count)
     logger.debug(
         "cleared %d orphan entries of %s: %d replaced, %d deleted",
         len(orphans),

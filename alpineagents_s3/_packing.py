@@ -26,7 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from alpineagents_s3._codec import dumps, dumps_segment, loads_segment, validate_id
+from alpineagents_s3._codec import (
+    begins_as_segment,
+    dumps,
+    dumps_segment,
+    loads_segment,
+    validate_id,
+)
 from alpineagents_s3._contract import Record
 from alpineagents_s3._deleting import delete_keys
 from alpineagents_s3._layout import GENERATION_META, Layout
@@ -44,6 +50,8 @@ SEGMENT_MIN: Final = 128 * 1024
 # A segment is cut once it holds this much: a load then fetches several at once, and holds the
 # bytes of one while it parses it, and a merge never rewrites more than this.
 SEGMENT_MAX: Final = 1024 * 1024
+# How often a pack reads a damaged segment it writes again, if another pack replaces it first.
+SEGMENT_TRIES: Final = 3
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,12 @@ def _readable(found: Gathered) -> list[Segment]:
     return [s for s in chain(found.segments, found.stored.meta.count) if s.end <= found.packed]
 
 
+def _damaged(found: Gathered) -> frozenset[str]:
+    """The keys of the segments ``found`` lists and its read could not read (damaged)."""
+    count = found.stored.meta.count
+    return frozenset(s.key for s in chain(found.segments, count) if s.end > found.packed)
+
+
 def _covered(segments: Sequence[Segment]) -> int:
     return segments[-1].end if segments else 0
 
@@ -150,7 +164,7 @@ def pack_gathered(
                 (key, start, end, dumps_segment(start, [bodies[s] for s in range(start, end)]))
             )
         del bodies
-        yield from _put_segments(layout, new)
+        yield from _put_segments(layout, new, _damaged(found))
         for key, start, end, body in new:
             written.append(key)
             segments.append(Segment(key, start, end, len(body)))
@@ -208,11 +222,16 @@ def cut(first: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _put_segments(layout: Layout, new: Sequence[tuple[str, int, int, bytes]]) -> Steps[None]:
+def _put_segments(
+    layout: Layout, new: Sequence[tuple[str, int, int, bytes]], damaged: frozenset[str]
+) -> Steps[None]:
     """PUT segments with ``If-None-Match: *``; one already there must hold the same entries.
 
-    Two packs of one State write the same segments (the same final entries); anything else
-    under a segment's key is not S3Store's segment, and nothing is removed on its strength.
+    Two packs of one State write the same segments (the same final entries). A segment of
+    S3Store's that the read found damaged (its key in ``damaged``, its body beginning as a
+    segment does) is written again over the object there, with ``If-Match`` on that object's
+    ETag. Anything else under a segment's key is not S3Store's segment, and nothing is
+    removed on its strength.
     """
     puts = [layout.put(key, body, IfNoneMatch="*") for key, _, _, body in new]
     outcomes = yield from layout.send(puts)
@@ -221,19 +240,45 @@ def _put_segments(layout: Layout, new: Sequence[tuple[str, int, int, bytes]]) ->
             continue
         if error_code(outcome) not in PRECONDITION_CODES:
             layout.fail(outcome, key, "PutObject", "If-None-Match: *")
+        yield from _meet_segment(layout, key, (start, end), body, key in damaged)
+
+
+def _meet_segment(
+    layout: Layout, key: str, span: tuple[int, int], body: bytes, damaged: bool
+) -> Steps[None]:
+    """The object under a segment's key that a pack meets: the same entries, or damaged."""
+    where = layout.url(key)
+    start, end = span
+    for _ in range(SEGMENT_TRIES):
         (there,) = yield from layout.send([layout.get(key)])
         if isinstance(there, Exception):
             layout.fail(there, key, "GetObject (a segment another pack wrote)")
-        where = layout.url(key)
-        why = "it holds other entries"
         try:
             if loads_segment(there["Body"], where, start, end) == loads_segment(
                 body, where, start, end
             ):
-                continue
+                return
         except CorruptStateError as e:
-            why = str(e).removeprefix(f"{where} ")
-        raise CorruptStateError(
-            f"{where} is in the way of packing entries {start} to {end - 1} of the State: "
-            f"{why}. S3Store did not write it: delete it and pack again"
-        )
+            if not (damaged and begins_as_segment(there["Body"])):
+                raise _in_the_way(where, span, str(e).removeprefix(f"{where} ")) from None
+        else:
+            raise _in_the_way(where, span, "it holds other entries")
+        etag = there["ETag"]
+        (put,) = yield from layout.send([layout.put(key, body, IfMatch=etag)])
+        if not isinstance(put, Exception):
+            logger.warning("%s was damaged: packed again from the entry objects", where)
+            return
+        if error_code(put) not in PRECONDITION_CODES:
+            layout.fail(put, key, "PutObject", f"If-Match: {etag}")
+        # Replaced since we read it (another pack repairing it too): read it again.
+    raise CorruptStateError(
+        f"{where} was replaced {SEGMENT_TRIES} times while this pack wrote it again: pack again"
+    )
+
+
+def _in_the_way(where: str, span: tuple[int, int], why: str) -> CorruptStateError:
+    start, end = span
+    return CorruptStateError(
+        f"{where} is in the way of packing entries {start} to {end - 1} of the State: "
+        f"{why}. S3Store did not write it: delete it and pack again"
+    )

@@ -149,6 +149,16 @@ def read_gathered(
         )
     count = stored.meta.count
     version = Version(stored.etag, stored.meta.generation, count=count, landed=count or 0)
+    if (
+        held is not None
+        and ledger.versions.get(state_id) is held
+        and stored.meta.generation == held.generation
+        and stored.meta.token in held.unsure
+    ):
+        # A snapshot PUT of this store object whose answer was lost landed: the State is still
+        # this store object's own, as its next save would find (``_settle``).
+        held = held.landed_as(stored.etag, count)
+        ledger.versions[state_id] = held
     ledger.remember(state_id, held, version, gap, orphans)
     logger.debug("read %s: %d entries", layout.url(layout.snapshot_key(state_id)), gap)
     record = _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)

@@ -104,6 +104,7 @@ class Target:
     session: boto3.Session | None = None
     client: Any = None  # the parent's own client, for its checks
     broken: str | None = None
+    auto_pack: int | None = None  # the children's S3Store(auto_pack=...): resumes pack
 
 
 # The child -------------------------------------------------------------------------------
@@ -248,7 +249,11 @@ def _child_store(target: Target, child: Child) -> Store:
         client.meta.events.register("before-send.s3", on_request)
         client.meta.events.register("after-call.s3", on_request)
         store = _ReportingS3Store(
-            target.bucket, PREFIX, endpoint_url=target.endpoint, client=client
+            target.bucket,
+            PREFIX,
+            endpoint_url=target.endpoint,
+            client=client,
+            auto_pack=target.auto_pack,
         )
     store.child = child
     store.broken = target.broken

@@ -2,7 +2,7 @@
 
     python reliability/kill_soak.py [--kills 100] [--seconds 600] [--seed 1]
                                     [--store file|s3|both] [--signals kill,term]
-                                    [--endpoint URL]
+                                    [--endpoint URL] [--auto-pack N]
 
 Each State is run by a child process that this process forks (it has imported everything
 already, so a child starts in milliseconds; the child opens its own store, and its own boto3
@@ -625,6 +625,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", choices=["file", "s3", "both"], default="both")
     parser.add_argument("--signals", default="kill,term", help="kill, term or kill,term")
     parser.add_argument("--endpoint", help="an S3 endpoint (default: moto, in its own process)")
+    parser.add_argument(
+        "--auto-pack",
+        type=int,
+        metavar="N",
+        help="the children's S3Store(auto_pack=N): a resume packs the State as it loads it",
+    )
     parser.add_argument("--break", dest="broken", choices=["drop-save"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = {"kill": int(signal.SIGKILL), "term": int(signal.SIGTERM)}
@@ -650,13 +656,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             + (f" (S3 at {url}{'' if args.endpoint else ', moto'})" if url else "")
             + f", signals {args.signals}, {args.kills} kills per store, bound "
             f"{args.seconds:g}s, seed {args.seed}"
+            + (f", S3Store(auto_pack={args.auto_pack})" if args.auto_pack else "")
             + (f", BROKEN: {args.broken}" if args.broken else ""),
             flush=True,
         )
         for i, kind in enumerate(kinds):
             left = args.seconds - (time.monotonic() - started)
             deadline = time.monotonic() + left / (len(kinds) - i)
-            target = Target(kind, work / kind, broken=args.broken)
+            target = Target(kind, work / kind, broken=args.broken, auto_pack=args.auto_pack)
             target.work.mkdir()
             if kind == "file":
                 target.folder = work / "store"
@@ -674,7 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 soak.seconds = time.monotonic() - begun
                 if kind == "s3":
-                    _empty_bucket(target)
+                    segments = _empty_bucket(target)
+                    if args.auto_pack:
+                        print(f"s3   packed segments left in the bucket: {segments}", flush=True)
             print_soak(kind, soak)
             soaks.append((kind, soak))
     total = sum(len(s.violations) for _, s in soaks)
@@ -688,17 +697,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if total else 0
 
 
-def _empty_bucket(target: Target) -> None:
-    """Remove the run's bucket and everything in it."""
+def _empty_bucket(target: Target) -> int:
+    """Remove the run's bucket and everything in it; how many packed segments it held."""
     client = target.client
+    segments = 0
     while True:
         found = client.list_objects_v2(Bucket=target.bucket)
         keys = [{"Key": item["Key"]} for item in found.get("Contents", [])]
         if not keys:
             break
+        segments += sum("/packed/" in key["Key"] for key in keys)
         client.delete_objects(Bucket=target.bucket, Delete={"Objects": keys})
     client.delete_bucket(Bucket=target.bucket)
     client.close()
+    return segments
 
 
 if __name__ == "__main__":

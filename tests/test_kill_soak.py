@@ -92,6 +92,23 @@ def test_s3_store_keeps_every_promise_through_sigkill_and_sigterm() -> None:
     assert re.search(r"^total: 20 kills, 0 violations, ", out, re.MULTILINE)
 
 
+@pytest.mark.slow
+def test_s3_store_packing_as_it_resumes_keeps_every_promise_through_sigkill() -> None:
+    done = soak(
+        "--store", "s3", "--signals", "kill", "--kills", "12", "--seconds", "120",
+        "--auto-pack", "2", "--seed", "5",
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "S3Store(auto_pack=2)" in out.splitlines()[0]
+    _, total = figures(out, "s3")
+    assert total["kills"] == 12 and total["violations"] == 0
+    assert total["finished"] == total["states"]
+    # The resumes did pack: States finished with segments.
+    packed = re.search(r"^s3 +packed segments left in the bucket: (\d+)$", out, re.MULTILINE)
+    assert packed is not None and int(packed[1]) > 0, out
+
+
 # What each store makes of the lost tool results: FileStore's load sees a seq missing from
 # what the child was told is saved; S3Store refuses to load a State whose snapshot accounts
 # for entries it does not hold. Either is a violation the runner must print.
