@@ -137,7 +137,7 @@ async def test_the_run_saving_the_state_goes_on_while_loads_pack_it(
     state = State("running", id="running")
     writer = stores.new()
     writer.save(state)
-    for step in range(6):
+    for step in range(4):
         run(state, 20, first=20 * step)  # 40 entries a step, ~80 KB
         await save(writer, mode, state)  # never refused: a pack does not touch the snapshot
         monitor = stores.new(auto_pack=30)
