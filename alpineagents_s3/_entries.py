@@ -84,7 +84,9 @@ def clear_orphans(
     count = current.count
     if deleted and count is not None:
         count = min(count, deleted[0])
-        cleared = replace(cleared, count=min(cleared.count or count, count))
+        cleared = replace(
+            cleared, count=count if cleared.count is None else min(cleared.count, count)
+        )
     puts = {
         seq: layout.entry_key(state_id, version.generation, seq) for seq in orphans if seq in bodies
     }

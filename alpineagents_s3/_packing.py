@@ -91,7 +91,8 @@ def read_and_pack(
     the State as it was (a pack stopped at any point does; see ``tests/s3/test_pack_crash.py``).
     """
     record, found = yield from read_gathered(layout, ledger, state_id)
-    if found is None or unpacked(found) < at_least:
+    fetched = 0 if found is None else unpacked(found)
+    if found is None or fetched < at_least:
         return record
     try:
         packed = yield from pack_gathered(layout, state_id, found, remove_entries=False)
@@ -99,7 +100,7 @@ def read_and_pack(
         logger.warning(
             "loaded %s, but could not pack its %d entries read one by one (auto_pack=%d): %s",
             layout.url(layout.state_prefix(state_id)),
-            unpacked(found),
+            fetched,
             at_least,
             e,
         )
@@ -114,18 +115,23 @@ def read_and_pack(
 
 def unpacked(found: Gathered) -> int:
     """How many of the entries the snapshot counts a read of ``found`` fetched one by one."""
-    return (found.stored.meta.count or 0) - _covered(_readable(found))
+    readable, _ = _segments_read(found)
+    return (found.stored.meta.count or 0) - _covered(readable)
 
 
-def _readable(found: Gathered) -> list[Segment]:
-    """The segments a read of ``found`` could read from seq 0 on: a damaged one ends them."""
-    return [s for s in chain(found.segments, found.stored.meta.count) if s.end <= found.packed]
+def _segments_read(found: Gathered) -> tuple[list[Segment], frozenset[str]]:
+    """The chain of segments a read of ``found`` read from seq 0 on, and the keys of the others.
 
-
-def _damaged(found: Gathered) -> frozenset[str]:
-    """The keys of the segments ``found`` lists and its read could not read (damaged)."""
-    count = found.stored.meta.count
-    return frozenset(s.key for s in chain(found.segments, count) if s.end > found.packed)
+    A damaged segment ends what was read; it and those after it are among the others.
+    """
+    readable: list[Segment] = []
+    unread: set[str] = set()
+    for segment in chain(found.segments, found.stored.meta.count):
+        if segment.end <= found.packed:
+            readable.append(segment)
+        else:
+            unread.add(segment.key)
+    return readable, frozenset(unread)
 
 
 def _covered(segments: Sequence[Segment]) -> int:
@@ -142,7 +148,7 @@ def pack_gathered(
     """
     generation = found.stored.meta.generation
     count = found.stored.meta.count or 0  # no count recorded: nothing is known to be final
-    segments = _readable(found)  # a damaged segment is written again
+    segments, damaged = _segments_read(found)  # a damaged segment is written again
     covered = _covered(segments)
     written: list[str] = []
     if covered < count:
@@ -164,7 +170,7 @@ def pack_gathered(
                 (key, start, end, dumps_segment(start, [bodies[s] for s in range(start, end)]))
             )
         del bodies
-        yield from _put_segments(layout, new, _damaged(found))
+        yield from _put_segments(layout, new, damaged)
         for key, start, end, body in new:
             written.append(key)
             segments.append(Segment(key, start, end, len(body)))

@@ -152,8 +152,7 @@ def read_gathered(
     if (
         held is not None
         and ledger.versions.get(state_id) is held
-        and stored.meta.generation == held.generation
-        and stored.meta.token in held.unsure
+        and held.wrote(stored.meta.generation, stored.meta.token)
     ):
         # A snapshot PUT of this store object whose answer was lost landed: the State is still
         # this store object's own, as its next save would find (``_settle``).

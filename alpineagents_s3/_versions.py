@@ -56,6 +56,13 @@ class Version:
     refused: bool = False
     landed: int = 0
 
+    def wrote(self, generation: str, token: str | None) -> bool:
+        """Whether a stored snapshot of ``generation`` and ``token`` is a PUT of this store object.
+
+        One of its PUTs whose answer was lost: the State is still this store object's own.
+        """
+        return generation == self.generation and token in self.unsure
+
     def landed_as(self, etag: str, count: int | None) -> Version:
         """The Version after a snapshot PUT of this store object landed as ``etag``.
 

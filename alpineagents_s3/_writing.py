@@ -370,7 +370,7 @@ def _settle(layout: Layout, ledger: Ledger, state_id: str, version: Version) -> 
         raise layout.not_found(state_id, ": it was deleted since this store object saved it")
     if current.etag == version.etag:
         settled = replace(version, unsure=frozenset())
-    elif current.meta.generation == version.generation and current.meta.token in version.unsure:
+    elif version.wrote(current.meta.generation, current.meta.token):
         # One of ours landed: the entries it counts are final, as after an answered PUT.
         settled = version.landed_as(current.etag, current.meta.count)
     else:
