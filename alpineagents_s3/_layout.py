@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
+from alpineagents_s3 import _refs
 from alpineagents_s3._codec import loads_snapshot
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, send
 from alpineagents_s3._translate import Where, translate
@@ -49,9 +50,10 @@ PACKED: Final = "packed/"
 SEQ_DIGITS: Final = 10
 GENERATION_META: Final = "alpineagents-generation"
 WRITE_META: Final = "alpineagents-write"
-# The layout version of the objects (absent: 1). A newer one is refused, not misread.
+# The layout version of the objects (absent: 1). A newer one is refused, not misread. A
+# snapshot object whose context's long texts are kept in history entries (``_refs``) is 2.
 LAYOUT_META: Final = "alpineagents-layout"
-LAYOUT: Final = 1
+LAYOUT: Final = 2
 ENTRIES_META: Final = "alpineagents-entries"
 # On an entry: the ETag of the snapshot its writer had last written or read ("-" in a create).
 BASE_META: Final = "alpineagents-base"
@@ -105,12 +107,17 @@ class SnapshotMeta:
 
 @dataclass(frozen=True)
 class StoredSnapshot:
-    """A snapshot object as read: ``snapshot`` is ``None`` for a State created without one."""
+    """A snapshot object as read: ``snapshot`` is ``None`` for a State created without one.
+
+    ``refs`` are the texts of its context kept in history entries: ``snapshot`` holds ``""``
+    in their place until :func:`~alpineagents_s3._refs.resolve` puts them back.
+    """
 
     etag: str
     meta: SnapshotMeta
     snapshot: dict[str, Any] | None
     body: bytes
+    refs: tuple[_refs.Ref, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,7 +256,8 @@ class Layout:
 
         ``claim`` is ``(the ETag it replaces, the claiming writer)`` for a claim.
         """
-        metadata = {GENERATION_META: generation, WRITE_META: token, LAYOUT_META: str(LAYOUT)}
+        layout = 2 if _refs.refers(body) else 1
+        metadata = {GENERATION_META: generation, WRITE_META: token, LAYOUT_META: str(layout)}
         if count is not None:
             metadata[ENTRIES_META] = str(count)
         if claim is not None:
@@ -308,6 +316,7 @@ class Layout:
         raw_count = metadata.get(ENTRIES_META)
         count = int(raw_count) if raw_count and raw_count.isdigit() else None
         body = response["Body"]
+        snapshot, refs = self.snapshot_of(metadata, body, key)
         return StoredSnapshot(
             response["ETag"],
             SnapshotMeta(
@@ -317,9 +326,19 @@ class Layout:
                 metadata.get(CLAIMED_META),
                 metadata.get(CLAIMER_META),
             ),
-            loads_snapshot(body, self.url(key)),
+            snapshot,
             body,
+            tuple(refs),
         )
+
+    def snapshot_of(
+        self, metadata: Mapping[str, str], body: bytes, key: str
+    ) -> tuple[dict[str, Any] | None, list[_refs.Ref]]:
+        """The snapshot in a snapshot object's body, and the texts it keeps in entries."""
+        snapshot = loads_snapshot(body, self.url(key))
+        if metadata.get(LAYOUT_META, "1") != "1" and _refs.refers(body):
+            return _refs.unwrap(snapshot, self.url(key))
+        return snapshot, []
 
     def check_layout(self, metadata: Mapping[str, str], key: str) -> None:
         """Refuse an object of a newer layout than this alpineagents-s3 writes."""

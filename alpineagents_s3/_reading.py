@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from alpineagents_s3 import _contract
-from alpineagents_s3._codec import loads_entry, loads_snapshot, validate_id
+from alpineagents_s3 import _contract, _refs
+from alpineagents_s3._codec import loads_entry, validate_id
 from alpineagents_s3._contract import Record, Summary
 from alpineagents_s3._layout import (
     BASE_META,
@@ -160,7 +160,16 @@ def read_gathered(
         ledger.versions[state_id] = held
     ledger.remember(state_id, held, version, gap, orphans)
     logger.debug("read %s: %d entries", layout.url(layout.snapshot_key(state_id)), gap)
-    record = _contract.make_record([entries[seq].entry for seq in range(gap)], stored.snapshot)
+    history = [entries[seq].entry for seq in range(gap)]
+    snapshot = stored.snapshot
+    if stored.refs and snapshot is not None:
+        where = layout.url(layout.snapshot_key(state_id))
+        snapshot = _refs.resolve(snapshot, stored.refs, history, where)
+    if _refs.has_context(snapshot):
+        ledger.texts[state_id] = _refs.texts_of(stored.meta.generation, stored.refs)
+    else:
+        ledger.texts.pop(state_id, None)
+    record = _contract.make_record(history, snapshot)
     return record, found
 
 
@@ -419,7 +428,7 @@ def list_states(layout: Layout) -> Steps[list[Summary]]:
                 layout.fail(outcome, key, "GetObject")
             try:
                 layout.check_layout(outcome.get("Metadata", {}), key)
-                snapshot = loads_snapshot(outcome["Body"], layout.url(key))
+                snapshot, _ = layout.snapshot_of(outcome.get("Metadata", {}), outcome["Body"], key)
                 if snapshot is None:
                     logger.debug("not listing %s: created without a snapshot", layout.url(key))
                     continue

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from alpineagents_s3._lock import HandoffLock, LockRegistry
+from alpineagents_s3._refs import Texts
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Ledger:
     versions: dict[str, Version] = field(default_factory=dict)
     pending_creates: dict[str, PendingCreate] = field(default_factory=dict)
     locks: LockRegistry = field(default_factory=LockRegistry)
+    # The long texts of each State's history its snapshots may refer to (``_refs``).
+    texts: dict[str, Texts] = field(default_factory=dict)
     # Names this store object as the writer of the entries it stores.
     writer: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 

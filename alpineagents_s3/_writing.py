@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from alpineagents_s3 import _refs
 from alpineagents_s3._codec import dumps, validate_id
 from alpineagents_s3._deleting import delete_keys
 from alpineagents_s3._entries import (
@@ -47,6 +48,7 @@ from alpineagents_s3._layout import (
     new_token,
 )
 from alpineagents_s3._reading import gather, get_snapshot, scan
+from alpineagents_s3._refs import Texts, encode
 from alpineagents_s3._steps import Hold, Release, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger, PendingCreate, Version, first_seq
@@ -80,7 +82,35 @@ def write(
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
             raise ValueError(f"a history entry of State {state_id!r} has the seq {seq!r}")
         bodies[seq] = dumps(entry, f"history entry {seq} of State {state_id!r}")
-    body = None if snapshot is None else dumps(snapshot, f"the snapshot of {state_id!r}")
+    # The long texts the snapshot may keep in entries (a core whose snapshot holds the model
+    # context): this save's, and those of the history of the generation this store object
+    # last saved or read, if nothing failed since.
+    known = ledger.texts.pop(state_id, None)
+    held = ledger.versions.get(state_id)
+    if create or known is None or held is None or known.generation != held.generation:
+        known = None
+    texts = None
+    if _refs.has_context(snapshot) or (snapshot is None and known is not None):
+        texts = (known or Texts("")).with_entries(entries)
+    body = None if snapshot is None else encode(snapshot, texts, f"the snapshot of {state_id!r}")
+    yield from _write(layout, ledger, state_id, entries, bodies, body, create)
+    # Only a save that succeeded leaves texts to refer to (a failed one may leave entries of
+    # another writer at its seqs).
+    now = ledger.versions.get(state_id)
+    if now is not None and texts is not None:
+        ledger.texts[state_id] = Texts(now.generation, texts.where)
+
+
+def _write(
+    layout: Layout,
+    ledger: Ledger,
+    state_id: str,
+    entries: Sequence[dict[str, Any]],
+    bodies: dict[int, bytes],
+    body: bytes | None,
+    create: bool,
+) -> Steps[None]:
+    """``write`` once each body is made."""
     if create:
         yield from _create(layout, ledger, state_id, entries, bodies, body or b"null")
         return
@@ -143,7 +173,7 @@ def write(
         len(entries),
         state_id,
         layout.url(layout.root),
-        snapshot is not None,
+        body is not None,
     )
 
 

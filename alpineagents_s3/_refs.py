@@ -1,0 +1,239 @@
+"""A snapshot's model context without the long texts its history entries already hold.
+
+alpineagents 0.2-0.4 keep the model context (the messages since the last compaction) in the
+snapshot, so each snapshot PUT would send the conversation again: a long tool result or reply
+is in its history entry and in every later snapshot. The snapshot object keeps such a text
+(``MIN_LENGTH`` characters or more, anywhere under ``context``) as a *reference* instead: the
+seq of an entry of the State's history that holds the same text, where it is in that entry,
+and a digest of the text, which a load checks. A load reads the whole history anyway, so
+putting the texts back costs no request.
+
+Only texts of entries this store object saved, or that the snapshot it last read referred to,
+are referred to, and only entries the snapshot being written counts: they are part of the
+history, which is never rewritten below a snapshot's count. After a save that failed, this
+store object refers to nothing until its next save succeeds or it reads the State again.
+
+Body of such a snapshot object (its ``alpineagents-layout`` metadata is ``2``)::
+
+    {"alpineagents-refs": 1,
+     "refs": [[["context", 3, "content", 0, "text"], 5, ["content", "message", ...], "<digest>"]],
+     "snapshot": {... the snapshot, each referred text replaced by ""}}
+
+Nothing outside ``context`` is changed: ``list()`` builds a State's summary from the snapshot
+alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+from alpineagents_s3._codec import dumps
+from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
+
+# Texts shorter than this stay in the snapshot: a reference costs about 100 bytes.
+MIN_LENGTH: Final = 256
+# The one part of a snapshot whose texts are referred to.
+CONTEXT: Final = "context"
+FIELD: Final = "alpineagents-refs"
+FORMAT: Final = 1
+_MARK: Final = f'{{"{FIELD}":'.encode()
+
+Path: TypeAlias = tuple[str | int, ...]
+
+
+def digest(text: str) -> str:
+    """A digest of ``text`` (64 bits of BLAKE2b of its UTF-8), stored with each reference."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+@dataclass
+class Texts:
+    """The long texts of one State's history this store object may refer to.
+
+    Attributes:
+        generation: The State's generation (a State created again under the same id is another).
+        where: The digest of each text, with the seq and path of an entry that holds it.
+    """
+
+    generation: str
+    where: dict[str, tuple[int, Path]] = field(default_factory=dict)
+
+    def add(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Add the long texts of ``entries`` (part of the history)."""
+        for entry in entries:
+            seq = entry["seq"]
+            for path, text in _texts(entry):
+                self.where.setdefault(digest(text), (seq, path))
+
+    def with_entries(self, entries: Sequence[Mapping[str, Any]]) -> Texts:
+        """A copy that also holds the texts of ``entries``."""
+        texts = Texts(self.generation, dict(self.where))
+        texts.add(entries)
+        return texts
+
+
+def _texts(value: Any) -> Iterator[tuple[Path, str]]:
+    """The texts of ``MIN_LENGTH`` characters or more in a JSON value, with their paths."""
+    stack: list[tuple[Path, Any]] = [((), value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if len(item) >= MIN_LENGTH:
+                yield path, item
+        elif isinstance(item, dict):
+            stack.extend(((*path, k), v) for k, v in item.items() if isinstance(k, str))
+        elif isinstance(item, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(item))
+
+
+def has_context(snapshot: Mapping[str, Any] | None) -> bool:
+    """Whether ``snapshot`` holds a model context (alpineagents 0.2-0.4)."""
+    return snapshot is not None and isinstance(snapshot.get(CONTEXT), list)
+
+
+def encode(snapshot: Mapping[str, Any] | None, texts: Texts | None, what: str) -> bytes:
+    """The snapshot object's body: the snapshot's JSON, its context's long texts referred to.
+
+    Raises what :func:`~alpineagents_s3._codec.dumps` raises for a value JSON cannot hold.
+    """
+    context = None if snapshot is None else snapshot.get(CONTEXT)
+    refs: list[list[Any]] = []
+    if texts is not None and texts.where and isinstance(context, list):
+        try:
+            kept = _swap(context, (CONTEXT,), texts.where, refs)
+        except RecursionError:  # nested too deep to walk: kept whole (dumps says if it can be)
+            refs = []
+    if refs:
+        assert snapshot is not None
+        return dumps({FIELD: FORMAT, "refs": refs, "snapshot": {**snapshot, CONTEXT: kept}}, what)
+    body = dumps(snapshot, what)
+    # A body begins as one with references only if it is one (a core's snapshot could begin
+    # with the same field): JSON may begin with a space.
+    return b" " + body if refers(body) else body
+
+
+def _swap(value: Any, path: Path, where: Mapping[str, tuple[int, Path]], refs: list[Any]) -> Any:
+    """``value``, each long text an entry holds replaced by ``""`` and referred to in ``refs``."""
+    if isinstance(value, str):
+        if len(value) >= MIN_LENGTH:
+            key = digest(value)
+            found = where.get(key)
+            if found is not None:
+                refs.append([list(path), found[0], list(found[1]), key])
+                return ""
+        return value
+    if isinstance(value, list):
+        return [_swap(v, (*path, i), where, refs) for i, v in enumerate(value)]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _swap(v, (*path, k), where, refs) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One text of the snapshot kept in a history entry."""
+
+    path: Path
+    seq: int
+    entry_path: Path
+    digest: str
+
+
+def refers(body: bytes) -> bool:
+    """Whether a snapshot object's body has references (written by :func:`encode`)."""
+    return body.startswith(_MARK)
+
+
+def unwrap(parsed: Any, where: str) -> tuple[dict[str, Any], list[Ref]]:
+    """The snapshot (its referred texts ``""``) and references of a body :func:`encode` wrote."""
+    if not isinstance(parsed, dict) or FIELD not in parsed:
+        raise CorruptStateError(f"{where} is not a State snapshot with references")
+    version = parsed[FIELD]
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CorruptStateError(f"{where} has the reference format {version!r}")
+    if version > FORMAT:
+        raise SchemaVersionError(
+            f"{where} is a snapshot of reference format {version}, newer than the installed "
+            f"alpineagents-s3 reads ({FORMAT}): upgrade alpineagents-s3 to read it"
+        )
+    snapshot, raw = parsed.get("snapshot"), parsed.get("refs")
+    if not isinstance(snapshot, dict) or not isinstance(raw, list):
+        raise CorruptStateError(f"{where} is a snapshot with references, damaged")
+    refs = []
+    for item in raw:
+        if not (
+            isinstance(item, list)
+            and len(item) == 4
+            and _is_path(item[0])
+            and isinstance(item[1], int)
+            and not isinstance(item[1], bool)
+            and item[1] >= 0
+            and _is_path(item[2])
+            and isinstance(item[3], str)
+        ):
+            raise CorruptStateError(f"{where} holds a damaged reference: {item!r}")
+        refs.append(Ref(tuple(item[0]), item[1], tuple(item[2]), item[3]))
+    return snapshot, refs
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool)) for p in value
+    )
+
+
+def resolve(
+    snapshot: dict[str, Any], refs: Sequence[Ref], entries: Sequence[Mapping[str, Any]], where: str
+) -> dict[str, Any]:
+    """``snapshot`` with each referred text put back from ``entries`` (the history from seq 0).
+
+    Raises ``CorruptStateError`` naming the snapshot object and the reference when the entry
+    does not hold the text.
+    """
+    for ref in refs:
+        spot = "/".join(map(str, ref.path))
+        if ref.seq >= len(entries):
+            raise CorruptStateError(
+                f"{where} keeps the text at {spot} in history entry {ref.seq}, but the State's "
+                f"history has {len(entries)} entries"
+            )
+        text = _at(entries[ref.seq], ref.entry_path)
+        if not isinstance(text, str) or digest(text) != ref.digest:
+            raise CorruptStateError(
+                f"{where} keeps the text at {spot} in history entry {ref.seq} (at "
+                f"{'/'.join(map(str, ref.entry_path))}), which does not hold it: the entry or "
+                "the snapshot was damaged"
+            )
+        parent = _at(snapshot, ref.path[:-1])
+        last = ref.path[-1] if ref.path else None
+        if isinstance(parent, dict) and isinstance(last, str) and parent.get(last) == "":
+            parent[last] = text
+        elif isinstance(parent, list) and isinstance(last, int) and _blank(parent, last):
+            parent[last] = text
+        else:
+            raise CorruptStateError(f"{where} refers to the text at {spot}, which it lacks")
+    return snapshot
+
+
+def _blank(items: list[Any], index: int) -> bool:
+    return 0 <= index < len(items) and items[index] == ""
+
+
+def _at(value: Any, path: Path) -> Any:
+    """The value at ``path`` in ``value``, or ``None`` if there is none."""
+    for step in path:
+        if isinstance(value, dict) and isinstance(step, str):
+            value = value.get(step)
+        elif isinstance(value, list) and isinstance(step, int) and 0 <= step < len(value):
+            value = value[step]
+        else:
+            return None
+    return value
+
+
+def texts_of(generation: str, refs: Sequence[Ref]) -> Texts:
+    """What a snapshot read tells of the texts its history holds."""
+    return Texts(generation, {ref.digest: (ref.seq, ref.entry_path) for ref in refs})
