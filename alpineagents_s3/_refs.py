@@ -3,7 +3,8 @@
 alpineagents 0.2-0.4 keep the model context (the messages since the last compaction) in the
 snapshot, so each snapshot PUT would send the conversation again: a long tool result or reply
 is in its history entry and in every later snapshot. The snapshot object keeps such a text
-(``MIN_LENGTH`` characters or more, anywhere under ``context``) as a *reference* instead: the
+(``MIN_LENGTH`` characters or more, anywhere under ``context``, or the answers, which copy the
+last reply) as a *reference* instead: the
 seq of an entry of the State's history that holds the same text, where it is in that entry,
 and a digest of the text, which a load checks. A load reads the whole history anyway, so
 putting the texts back costs no request.
@@ -19,8 +20,8 @@ Body of such a snapshot object (its ``alpineagents-layout`` metadata is ``2``)::
      "refs": [[["context", 3, "content", 0, "text"], 5, ["content", "message", ...], "<digest>"]],
      "snapshot": {... the snapshot, each referred text replaced by ""}}
 
-Nothing outside ``context`` is changed: ``list()`` builds a State's summary from the snapshot
-alone.
+Nothing else of the snapshot is changed: ``list()`` builds a State's summary from the
+snapshot alone, and those cores' summaries read none of ``REFERRED``.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
 
 # Texts shorter than this stay in the snapshot: a reference costs about 100 bytes.
 MIN_LENGTH: Final = 256
-# The one part of a snapshot whose texts are referred to.
+# A snapshot holding a model context (alpineagents 0.2-0.4) has it under this key.
 CONTEXT: Final = "context"
+# The parts of such a snapshot whose texts are referred to: the context, and the run's answers
+# (a copy of the last reply's text). Their summary (``list()``) reads none of them.
+REFERRED: Final = (CONTEXT, "last_answer", "finish_answer")
 FIELD: Final = "alpineagents-refs"
 FORMAT: Final = 1
 _MARK: Final = f'{{"{FIELD}":'.encode()
@@ -99,16 +103,18 @@ def encode(snapshot: Mapping[str, Any] | None, texts: Texts | None, what: str) -
 
     Raises what :func:`~alpineagents_s3._codec.dumps` raises for a value JSON cannot hold.
     """
-    context = None if snapshot is None else snapshot.get(CONTEXT)
     refs: list[list[Any]] = []
-    if texts is not None and texts.where and isinstance(context, list):
+    kept: dict[str, Any] = {}
+    if texts is not None and texts.where and snapshot is not None and has_context(snapshot):
         try:
-            kept = _swap(context, (CONTEXT,), texts.where, refs)
+            for key in REFERRED:
+                if key in snapshot:
+                    kept[key] = _swap(snapshot[key], (key,), texts.where, refs)
         except RecursionError:  # nested too deep to walk: kept whole (dumps says if it can be)
             refs = []
     if refs:
         assert snapshot is not None
-        return dumps({FIELD: FORMAT, "refs": refs, "snapshot": {**snapshot, CONTEXT: kept}}, what)
+        return dumps({FIELD: FORMAT, "refs": refs, "snapshot": {**snapshot, **kept}}, what)
     body = dumps(snapshot, what)
     # A body begins as one with references only if it is one (a core's snapshot could begin
     # with the same field): JSON may begin with a space.

@@ -81,14 +81,17 @@ async def test_long_texts_of_the_context_are_kept_once_and_come_back_the_same(
     history = entries(0, 6)
     short = {"role": "user", "content": "short text", "tokens": None}
     elsewhere = {"role": "user", "content": "x" * MIN_LENGTH, "tokens": None}  # in no entry
-    snapshot = snapshot_of(history, short, elsewhere, last_answer=f"{LONG}5")
+    # The answers copy the last reply; the task (read by list()) is kept as it is.
+    snapshot = snapshot_of(history, short, elsewhere, last_answer=f"{LONG}5", task=f"{LONG}3")
+    snapshot["finish_answer"] = {"not": f"{LONG}5"}  # a structured answer: its texts too
     await io.write("s", history, snapshot, create=True)
 
     meta, body = stored(stores, "s")
     assert meta[LAYOUT_META] == "2"
     plain = json.dumps(snapshot, separators=(",", ":")).encode()
     assert len(body) < len(plain) / 3, (len(body), len(plain))
-    assert body.count(LONG_JSON) == 1  # last_answer: outside the context, kept as it is
+    assert body.count(LONG_JSON) == 1  # the task's
+    assert json.loads(body)["snapshot"]["task"] == f"{LONG}3"
     assert body.count(b"x" * MIN_LENGTH) == 1
 
     for reader in (io, stores.io(mode)):  # the writer, and another process
