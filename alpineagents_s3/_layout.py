@@ -147,6 +147,8 @@ def claim_body(body: bytes) -> bytes:
     S3's ETag of a plain PUT is the MD5 of the body, so each claim must write bytes no earlier
     version of the snapshot had: 64 random bits, spelled in spaces and tabs.
     """
+    if _refs.compressed(body):  # layout 2: the same JSON inside, compressed again
+        return _refs.compress(claim_body(_refs.decompress(body, "the snapshot")))
     bits = secrets.randbits(64)
     tail = bytes(b" \t"[(bits >> i) & 1] for i in range(64))
     return body.rstrip(b" \t\n") + b"\n" + tail + b"\n"
@@ -256,7 +258,7 @@ class Layout:
 
         ``claim`` is ``(the ETag it replaces, the claiming writer)`` for a claim.
         """
-        layout = 2 if _refs.refers(body) else 1
+        layout = 2 if _refs.compressed(body) else 1
         metadata = {GENERATION_META: generation, WRITE_META: token, LAYOUT_META: str(layout)}
         if count is not None:
             metadata[ENTRIES_META] = str(count)
@@ -335,10 +337,12 @@ class Layout:
         self, metadata: Mapping[str, str], body: bytes, key: str
     ) -> tuple[dict[str, Any] | None, list[_refs.Ref]]:
         """The snapshot in a snapshot object's body, and the texts it keeps in entries."""
-        snapshot = loads_snapshot(body, self.url(key))
-        if metadata.get(LAYOUT_META, "1") != "1" and _refs.refers(body):
-            return _refs.unwrap(snapshot, self.url(key))
-        return snapshot, []
+        where = self.url(key)
+        if metadata.get(LAYOUT_META, "1") == "1":
+            return loads_snapshot(body, where), []
+        if not _refs.compressed(body):
+            raise CorruptStateError(f"{where} is a snapshot of layout 2, but not compressed")
+        return _refs.unwrap(loads_snapshot(_refs.decompress(body, where), where), where)
 
     def check_layout(self, metadata: Mapping[str, str], key: str) -> None:
         """Refuse an object of a newer layout than this alpineagents-s3 writes."""

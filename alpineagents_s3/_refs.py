@@ -14,19 +14,24 @@ are referred to, and only entries the snapshot being written counts: they are pa
 history, which is never rewritten below a snapshot's count. After a save that failed, this
 store object refers to nothing until its next save succeeds or it reads the State again.
 
-Body of such a snapshot object (its ``alpineagents-layout`` metadata is ``2``)::
+The snapshot object of such a core (``has_context``) is *layout 2* (its
+``alpineagents-layout`` metadata): its body is gzip-compressed (the frames of the context's
+messages, their roles, block types and ids, shrink about 7 times), and holds::
 
     {"alpineagents-refs": 1,
      "refs": [[["context", 3, "content", 0, "text"], 5, ["content", "message", ...], "<digest>"]],
      "snapshot": {... the snapshot, each referred text replaced by ""}}
 
 Nothing else of the snapshot is changed: ``list()`` builds a State's summary from the
-snapshot alone, and those cores' summaries read none of ``REFERRED``.
+snapshot alone, and those cores' summaries read none of ``REFERRED``. A JSON body never begins
+with gzip's two magic bytes, so a body tells which it is.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
@@ -43,7 +48,10 @@ CONTEXT: Final = "context"
 REFERRED: Final = (CONTEXT, "last_answer", "finish_answer")
 FIELD: Final = "alpineagents-refs"
 FORMAT: Final = 1
-_MARK: Final = f'{{"{FIELD}":'.encode()
+GZIP_MAGIC: Final = b"\x1f\x8b"
+# What a layout 2 body may inflate to: far more than any snapshot (a damaged or hostile object
+# is refused instead of filling the memory).
+MAX_SNAPSHOT: Final = 1 << 30
 
 Path: TypeAlias = tuple[str | int, ...]
 
@@ -99,26 +107,42 @@ def has_context(snapshot: Mapping[str, Any] | None) -> bool:
 
 
 def encode(snapshot: Mapping[str, Any] | None, texts: Texts | None, what: str) -> bytes:
-    """The snapshot object's body: the snapshot's JSON, its context's long texts referred to.
+    """The snapshot object's body: its JSON, or for a snapshot with a model context, layout 2.
 
     Raises what :func:`~alpineagents_s3._codec.dumps` raises for a value JSON cannot hold.
     """
+    if snapshot is None or not has_context(snapshot):
+        return dumps(snapshot, what)
     refs: list[list[Any]] = []
     kept: dict[str, Any] = {}
-    if texts is not None and texts.where and snapshot is not None and has_context(snapshot):
+    if texts is not None and texts.where:
         try:
             for key in REFERRED:
                 if key in snapshot:
                     kept[key] = _swap(snapshot[key], (key,), texts.where, refs)
         except RecursionError:  # nested too deep to walk: kept whole (dumps says if it can be)
-            refs = []
-    if refs:
-        assert snapshot is not None
-        return dumps({FIELD: FORMAT, "refs": refs, "snapshot": {**snapshot, **kept}}, what)
-    body = dumps(snapshot, what)
-    # A body begins as one with references only if it is one (a core's snapshot could begin
-    # with the same field): JSON may begin with a space.
-    return b" " + body if refers(body) else body
+            refs, kept = [], {}
+    body = dumps({FIELD: FORMAT, "refs": refs, "snapshot": {**snapshot, **kept}}, what)
+    return compress(body)
+
+
+def compress(body: bytes) -> bytes:
+    """``body`` gzip-compressed, the same bytes for the same ``body`` (no time in the header)."""
+    return gzip.compress(body, compresslevel=6, mtime=0)
+
+
+def decompress(body: bytes, where: str) -> bytes:
+    """The JSON of a layout 2 body; ``CorruptStateError`` naming ``where`` if it is damaged."""
+    inflate = zlib.decompressobj(wbits=31)  # gzip
+    try:
+        out = inflate.decompress(body, MAX_SNAPSHOT)
+    except zlib.error as e:
+        raise CorruptStateError(f"{where} is a damaged compressed snapshot: {e}") from e
+    if inflate.unconsumed_tail:
+        raise CorruptStateError(f"{where} holds a snapshot of more than {MAX_SNAPSHOT} bytes")
+    if not inflate.eof or inflate.unused_data:
+        raise CorruptStateError(f"{where} is a compressed snapshot cut short, or followed by more")
+    return out
 
 
 def _swap(value: Any, path: Path, where: Mapping[str, tuple[int, Path]], refs: list[Any]) -> Any:
@@ -148,9 +172,9 @@ class Ref:
     digest: str
 
 
-def refers(body: bytes) -> bool:
-    """Whether a snapshot object's body has references (written by :func:`encode`)."""
-    return body.startswith(_MARK)
+def compressed(body: bytes) -> bool:
+    """Whether a snapshot object's body is a layout 2 body (:func:`encode`), not JSON."""
+    return body.startswith(GZIP_MAGIC)
 
 
 def unwrap(parsed: Any, where: str) -> tuple[dict[str, Any], list[Ref]]:

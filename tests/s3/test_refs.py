@@ -12,6 +12,7 @@ like a reference); a snapshot nested too deep to walk; ``list()``; a newer forma
 
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Any
 
@@ -67,11 +68,22 @@ def snapshot_of(history: list[dict[str, Any]], *extra: Any, **fields: Any) -> di
 
 
 def stored(stores: Stores, state_id: str) -> tuple[dict[str, str], bytes]:
-    """The snapshot object's metadata and body."""
+    """The snapshot object's metadata and body (a layout 2 body: the JSON it holds)."""
     got = raw_client(stores.url).get_object(
         Bucket=stores.bucket, Key=f"runs/{state_id}/snapshot.json"
     )
-    return got["Metadata"], got["Body"].read()
+    body: bytes = got["Body"].read()
+    return got["Metadata"], gzip.decompress(body) if body.startswith(b"\x1f\x8b") else body
+
+
+def put_snapshot(stores: Stores, state_id: str, meta: dict[str, str], value: Any) -> None:
+    """Put a snapshot object of layout 2 holding ``value`` behind the store's back."""
+    raw_client(stores.url).put_object(
+        Bucket=stores.bucket,
+        Key=f"runs/{state_id}/snapshot.json",
+        Body=gzip.compress(json.dumps(value).encode()),
+        Metadata=meta,
+    )
 
 
 async def test_long_texts_of_the_context_are_kept_once_and_come_back_the_same(
@@ -90,6 +102,8 @@ async def test_long_texts_of_the_context_are_kept_once_and_come_back_the_same(
     assert meta[LAYOUT_META] == "2"
     plain = json.dumps(snapshot, separators=(",", ":")).encode()
     assert len(body) < len(plain) / 3, (len(body), len(plain))
+    sent = raw_client(stores.url).head_object(Bucket=stores.bucket, Key="runs/s/snapshot.json")
+    assert sent["ContentLength"] < len(body) / 2  # compressed
     assert body.count(LONG_JSON) == 1  # the task's
     assert json.loads(body)["snapshot"]["task"] == f"{LONG}3"
     assert body.count(b"x" * MIN_LENGTH) == 1
@@ -101,7 +115,7 @@ async def test_long_texts_of_the_context_are_kept_once_and_come_back_the_same(
         assert record.entries == history
 
 
-async def test_a_snapshot_without_context_or_long_texts_is_stored_as_it_is(
+async def test_a_snapshot_without_context_is_stored_as_it_is_one_with_short_texts_whole(
     mode: Mode, stores: Stores
 ) -> None:
     io = stores.io(mode)
@@ -112,7 +126,10 @@ async def test_a_snapshot_without_context_or_long_texts_is_stored_as_it_is(
     short = entries(0, 2, text="short ")
     await io.write("short", short, snapshot_of(short), create=True)
     meta, body = stored(stores, "short")
-    assert meta[LAYOUT_META] == "1" and json.loads(body) == snapshot_of(short)
+    assert meta[LAYOUT_META] == "2"
+    assert json.loads(body) == {"alpineagents-refs": 1, "refs": [], "snapshot": snapshot_of(short)}
+    record = await stores.io(mode).read("short")
+    assert record is not None and record.snapshot == snapshot_of(short)
 
 
 async def test_later_saves_refer_to_texts_of_earlier_saves_and_of_what_was_loaded(
@@ -171,12 +188,15 @@ async def test_odd_texts_and_lookalikes_come_back_the_same(mode: Mode, stores: S
     assert record is not None and record.snapshot == snapshot
     assert stored(stores, "odd")[0][LAYOUT_META] == "2"
 
-    # A snapshot of the core's own that begins like a body with references: stored as it is.
-    plain = {"alpineagents-refs": 1, "refs": [], "snapshot": {}, "context": []}
-    await io.write("like", entries(0, 1), plain, create=True)
-    assert stored(stores, "like")[0][LAYOUT_META] == "1"
-    record = await stores.io(mode).read("like")
-    assert record is not None and record.snapshot == plain
+    # Snapshots of the core's own that look like what a layout 2 body holds.
+    for state_id, plain in [
+        ("like", {"alpineagents-refs": 1, "refs": [], "snapshot": {}, "context": []}),
+        ("like-plain", {"alpineagents-refs": 1, "refs": [], "snapshot": {}}),
+    ]:
+        await io.write(state_id, entries(0, 1), plain, create=True)
+        record = await stores.io(mode).read(state_id)
+        assert record is not None and record.snapshot == plain
+    assert stored(stores, "like-plain")[0][LAYOUT_META] == "1"
 
 
 async def test_a_context_nested_too_deep_to_walk_is_stored_whole(
@@ -235,28 +255,31 @@ async def test_a_damaged_or_newer_reference_format_is_named(mode: Mode, stores: 
     key = "runs/fmt/snapshot.json"
     parsed = json.loads(body)
 
-    newer = {**parsed, "alpineagents-refs": 2}
-    client.put_object(Bucket=stores.bucket, Key=key, Body=json.dumps(newer).encode(), Metadata=meta)
+    put_snapshot(stores, "fmt", meta, {**parsed, "alpineagents-refs": 2})
     with pytest.raises(SchemaVersionError, match="reference format 2, newer"):
         await stores.io(mode).read("fmt")
 
     for refs in ([["context", 0]], [[["context"], -1, [], "x"]], "x"):
-        damaged = {**parsed, "refs": refs}
-        client.put_object(
-            Bucket=stores.bucket, Key=key, Body=json.dumps(damaged).encode(), Metadata=meta
-        )
+        put_snapshot(stores, "fmt", meta, {**parsed, "refs": refs})
         with pytest.raises(CorruptStateError, match=r"fmt/snapshot\.json"):
             await stores.io(mode).read("fmt")
 
-    beyond = {
-        **parsed,
-        "refs": [[["context", 0, "content", 0, "content"], 9, ["content"], "0" * 16]],
-    }
-    client.put_object(
-        Bucket=stores.bucket, Key=key, Body=json.dumps(beyond).encode(), Metadata=meta
-    )
+    ref = [["context", 0, "content", 0, "content"], 9, ["content"], "0" * 16]
+    put_snapshot(stores, "fmt", meta, {**parsed, "refs": [ref]})
     with pytest.raises(CorruptStateError, match="history entry 9, but the State's history has 2"):
         await stores.io(mode).read("fmt")
+
+    # Layout 2 bodies that do not inflate, or are not compressed at all.
+    whole = gzip.compress(json.dumps(parsed).encode())
+    for damaged, words in [
+        (whole[:-6], "cut short"),
+        (whole + b"more", "followed by more"),
+        (whole[:12] + bytes(20) + whole[32:], "damaged compressed snapshot"),
+        (json.dumps(parsed).encode(), "layout 2, but not compressed"),
+    ]:
+        client.put_object(Bucket=stores.bucket, Key=key, Body=damaged, Metadata=meta)
+        with pytest.raises(CorruptStateError, match=words):
+            await stores.io(mode).read("fmt")
 
 
 async def test_a_refused_save_leaves_no_reference_to_the_winners_entries(
