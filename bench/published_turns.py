@@ -6,9 +6,10 @@ Run with the Python of a virtualenv holding a published alpineagents (``scripts/
 ``.venv-core-0.4.0`` and ``.venv-core-0.7.1``) and alpineagents-s3. An embedded moto server;
 the core's own Agent and offline model (``FakeModel``); each turn is a user message, a model
 reply that calls one tool (~420 B of text), the tool's result (~1.4 KB) and a model reply.
-For each turn asked for, the requests and request bytes that turn sent, and the size of the
-snapshot object after it. alpineagents 0.2-0.4 keep the model context in the snapshot, so
-their snapshot PUTs grow with the conversation; this shows by how much.
+For each turn asked for, the requests and request bytes that turn sent (and how many of
+those bytes were the history entries' objects), and the size of the snapshot object after
+it. alpineagents 0.2-0.4 keep the model context in the snapshot, so their snapshot PUTs grow
+with the conversation; this shows by how much.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     versions = f"alpineagents {metadata.version('alpineagents')}, "
     versions += f"alpineagents-s3 {metadata.version('alpineagents-s3')}"
     print(f"{versions}; moto's server, embedded")
-    print("| turn | requests | bytes sent | snapshot object after it |")
-    print("|---|---|---|---|")
+    print("| turn | requests | bytes sent | of which entries | snapshot object after it |")
+    print("|---|---|---|---|---|")
     with embedded_moto() as url:
         client = boto3.client("s3", endpoint_url=url)
         client.create_bucket(Bucket=BUCKET)
@@ -72,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             if turn in shown:
                 counts = ", ".join(f"{n} {k}" for k, n in sorted(log.counts().items()))
                 size = client.head_object(Bucket=BUCKET, Key="turns/snapshot.json")
+                entries = sum(r.size for r in log.requests if "/entries/" in r.path)
                 print(
-                    f"| {turn} | {counts} | {log.sent_bytes():,} B | {size['ContentLength']:,} B |"
+                    f"| {turn} | {counts} | {log.sent_bytes():,} B | {entries:,} B "
+                    f"| {size['ContentLength']:,} B |"
                 )
         store.close()
     return 0
