@@ -166,7 +166,7 @@ def read_gathered(
         where = layout.url(layout.snapshot_key(state_id))
         snapshot = _refs.resolve(snapshot, stored.refs, history, where)
     if _refs.has_context(snapshot):
-        ledger.texts[state_id] = _refs.texts_of(stored.meta.generation, stored.refs)
+        ledger.know_texts(state_id, _refs.texts_of(stored.meta.generation, stored.refs))
     else:
         ledger.texts.pop(state_id, None)
     record = _contract.make_record(history, snapshot)

@@ -106,10 +106,16 @@ def has_context(snapshot: Mapping[str, Any] | None) -> bool:
     return snapshot is not None and isinstance(snapshot.get(CONTEXT), list)
 
 
-def encode(snapshot: Mapping[str, Any] | None, texts: Texts | None, what: str) -> bytes:
+def encode(
+    snapshot: Mapping[str, Any] | None,
+    texts: Texts | None,
+    what: str,
+    used: set[str] | None = None,
+) -> bytes:
     """The snapshot object's body: its JSON, or for a snapshot with a model context, layout 2.
 
-    Raises what :func:`~alpineagents_s3._codec.dumps` raises for a value JSON cannot hold.
+    The digests of the texts it refers to are added to ``used``. Raises what
+    :func:`~alpineagents_s3._codec.dumps` raises for a value JSON cannot hold.
     """
     if snapshot is None or not has_context(snapshot):
         return dumps(snapshot, what)
@@ -123,6 +129,8 @@ def encode(snapshot: Mapping[str, Any] | None, texts: Texts | None, what: str) -
         except RecursionError:  # nested too deep to walk: kept whole (dumps says if it can be)
             refs, kept = [], {}
     body = dumps({FIELD: FORMAT, "refs": refs, "snapshot": {**snapshot, **kept}}, what)
+    if used is not None:
+        used.update(ref[3] for ref in refs)
     return compress(body)
 
 

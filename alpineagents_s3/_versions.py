@@ -85,6 +85,11 @@ class PendingCreate:
     tokens: frozenset[str]
 
 
+# How many States' texts a store object keeps (``Ledger.know_texts``): each costs about 200 B
+# a long text of its snapshot's context, and one it forgets only refers to fewer texts.
+TEXT_STATES = 128
+
+
 @dataclass
 class Ledger:
     """The Versions and pending creates of one store object, its per-State locks, its token."""
@@ -92,10 +97,18 @@ class Ledger:
     versions: dict[str, Version] = field(default_factory=dict)
     pending_creates: dict[str, PendingCreate] = field(default_factory=dict)
     locks: LockRegistry = field(default_factory=LockRegistry)
-    # The long texts of each State's history its snapshots may refer to (``_refs``).
+    # The long texts of each State's history its snapshots may refer to (``_refs``), for the
+    # States this store object saved or read last (at most ``TEXT_STATES``).
     texts: dict[str, Texts] = field(default_factory=dict)
     # Names this store object as the writer of the entries it stores.
     writer: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+    def know_texts(self, state_id: str, texts: Texts) -> None:
+        """Keep ``texts`` for the State, forgetting those of the State least recently kept."""
+        self.texts.pop(state_id, None)
+        self.texts[state_id] = texts
+        while len(self.texts) > TEXT_STATES:
+            del self.texts[next(iter(self.texts))]
 
     def lock(self, state_id: str) -> HandoffLock:
         """The lock that keeps this store object's orphan clearing of one State exclusive."""

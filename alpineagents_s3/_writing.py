@@ -92,13 +92,20 @@ def write(
     texts = None
     if _refs.has_context(snapshot) or (snapshot is None and known is not None):
         texts = (known or Texts("")).with_entries(entries)
-    body = None if snapshot is None else encode(snapshot, texts, f"the snapshot of {state_id!r}")
+    used: set[str] = set()
+    what = f"the snapshot of {state_id!r}"
+    body = None if snapshot is None else encode(snapshot, texts, what, used)
     yield from _write(layout, ledger, state_id, entries, bodies, body, create)
     # Only a save that succeeded leaves texts to refer to (a failed one may leave entries of
-    # another writer at its seqs).
+    # another writer at its seqs). After a snapshot, only the texts it refers to and those of
+    # this save's entries are kept: the context holds no other (a compaction drops texts).
     now = ledger.versions.get(state_id)
-    if now is not None and texts is not None:
-        ledger.texts[state_id] = Texts(now.generation, texts.where)
+    if now is None or texts is None:
+        return
+    where = texts.where
+    if body is not None:
+        where = {d: where[d] for d in used} | Texts("").with_entries(entries).where
+    ledger.know_texts(state_id, Texts(now.generation, where))
 
 
 def _write(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from alpineagents.testing import StoreIO
 from alpineagents_s3 import ConcurrentWriteError, CorruptStateError, SchemaVersionError
 from alpineagents_s3._layout import LAYOUT_META
 from alpineagents_s3._refs import MIN_LENGTH
@@ -348,3 +349,36 @@ async def test_a_claim_puts_the_snapshot_with_references_again_and_it_still_load
     record = await stores.io(mode).read("claim")
     assert record is not None and record.entries == more
     assert record.snapshot == snapshot_of(more)
+
+
+async def test_what_a_store_object_keeps_of_the_texts_is_bounded(
+    mode: Mode, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a compaction it keeps only what the context holds; and only the last States'."""
+    from alpineagents_s3 import _versions
+
+    store = stores.new()
+    io = StoreIO(store, mode)
+    ledger = store._ledger
+    history = entries(0, 20)
+    await io.write("long", history, snapshot_of(history), create=True)
+    assert len(ledger.texts["long"].where) == 20
+    # A compaction: the context is a summary and the last two messages.
+    history += entries(20, 22)
+    summary = {"role": "user", "content": "summary " * 50, "tokens": None}
+    await io.write("long", history[20:], snapshot_of(history[20:], summary))
+    assert sorted(seq for seq, _ in ledger.texts["long"].where.values()) == [20, 21]
+    record = await stores.io(mode).read("long")
+    assert record is not None and record.snapshot == snapshot_of(history[20:], summary)
+
+    monkeypatch.setattr(_versions, "TEXT_STATES", 3)
+    for k in range(5):
+        await io.write(f"s{k}", entries(0, 2), snapshot_of(entries(0, 2)), create=True)
+    assert list(ledger.texts) == ["s2", "s3", "s4"]
+    # A State whose texts were forgotten saves all the same, referring to its new entries.
+    more = entries(0, 4)
+    await io.write("s0", more[2:], snapshot_of(more))
+    record = await stores.io(mode).read("s0")
+    assert record is not None and record.snapshot == snapshot_of(more)
+    _, body = stored(stores, "s0")
+    assert json.loads(body)["refs"] and body.count(LONG_JSON) == 2  # entries 0 and 1: whole
