@@ -131,19 +131,26 @@ def _quick_json() -> Callable[..., Any] | None:
     return from_json
 
 
+def check_format(version: Any, known: int, where: str, thing: str, kind: str) -> None:
+    """Refuse a format number that is not one, or is newer than ``known`` (the one we read).
+
+    ``thing`` names the object in errors (``"a packed segment"``), ``kind`` its format.
+    """
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CorruptStateError(f"{where} has the {kind} format {version!r}")
+    if version > known:
+        raise SchemaVersionError(
+            f"{where} is {thing} of format {version}, newer than the installed "
+            f"alpineagents-s3 reads ({known}): upgrade alpineagents-s3 to read it"
+        )
+
+
 def loads_segment(body: bytes, where: str, start: int, end: int) -> list[dict[str, Any]]:
     """The entries ``start`` to ``end - 1`` of a packed segment, checked like entry objects."""
     segment = _loads_large(body, where)
     if not isinstance(segment, dict) or SEGMENT_FIELD not in segment:
         raise CorruptStateError(f"{where} is not a packed segment of S3Store")
-    version = segment[SEGMENT_FIELD]
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CorruptStateError(f"{where} has the segment format {version!r}")
-    if version > SEGMENT_FORMAT:
-        raise SchemaVersionError(
-            f"{where} is a packed segment of format {version}, newer than the installed "
-            f"alpineagents-s3 reads ({SEGMENT_FORMAT}): upgrade alpineagents-s3 to read it"
-        )
+    check_format(segment[SEGMENT_FIELD], SEGMENT_FORMAT, where, "a packed segment", "segment")
     entries = segment.get("entries")
     if (segment.get("start"), segment.get("end")) != (start, end) or not isinstance(entries, list):
         raise CorruptStateError(

@@ -162,11 +162,18 @@ def read_gathered(
     logger.debug("read %s: %d entries", layout.url(layout.snapshot_key(state_id)), gap)
     history = [entries[seq].entry for seq in range(gap)]
     snapshot = stored.snapshot
-    if stored.refs and snapshot is not None:
-        where = layout.url(layout.snapshot_key(state_id))
-        snapshot = _refs.resolve(snapshot, stored.refs, history, where)
-    if _refs.has_context(snapshot):
-        ledger.know_texts(state_id, _refs.texts_of(stored.meta.generation, stored.refs))
+    if snapshot is not None and _refs.has_context(snapshot):
+        # What the next save may refer to: the texts this snapshot refers to, and those it
+        # keeps whole that the newest entries hold.
+        texts = _refs.texts_of(stored.meta.generation, stored.refs, gap)
+        whole = _refs.whole_texts(snapshot)
+        if whole:
+            depth = 2 * len(snapshot[_refs.CONTEXT]) + 64
+            _refs.find_texts(texts, history, whole, depth)
+        if stored.refs:
+            where = layout.url(layout.snapshot_key(state_id))
+            snapshot = _refs.resolve(snapshot, stored.refs, history, where)
+        ledger.know_texts(state_id, texts)
     else:
         ledger.texts.pop(state_id, None)
     record = _contract.make_record(history, snapshot)

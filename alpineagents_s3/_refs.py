@@ -36,8 +36,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
-from alpineagents_s3._codec import dumps
-from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
+from alpineagents_s3._codec import check_format, dumps
+from alpineagents_s3.errors import CorruptStateError
 
 # Texts shorter than this stay in the snapshot: a reference costs about 100 bytes.
 MIN_LENGTH: Final = 256
@@ -57,8 +57,13 @@ Path: TypeAlias = tuple[str | int, ...]
 
 
 def digest(text: str) -> str:
-    """A digest of ``text`` (64 bits of BLAKE2b of its UTF-8), stored with each reference."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    """A digest of ``text`` (128 bits of BLAKE2b of its UTF-8), stored with each reference.
+
+    A store object finds the entry holding a text by it, so two texts with one digest would
+    put one in the other's place unseen: finding such a pair takes about 2**64 tries, out of
+    reach of whoever writes tool results (64 bits would take 2**32: minutes).
+    """
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 @dataclass
@@ -68,10 +73,13 @@ class Texts:
     Attributes:
         generation: The State's generation (a State created again under the same id is another).
         where: The digest of each text, with the seq and path of an entry that holds it.
+        final: The count of the snapshot this store object last wrote or read: the entries
+            below it are the history's for good, whatever a later save does.
     """
 
     generation: str
     where: dict[str, tuple[int, Path]] = field(default_factory=dict)
+    final: int = 0
 
     def add(self, entries: Sequence[Mapping[str, Any]]) -> None:
         """Add the long texts of ``entries`` (part of the history)."""
@@ -82,9 +90,14 @@ class Texts:
 
     def with_entries(self, entries: Sequence[Mapping[str, Any]]) -> Texts:
         """A copy that also holds the texts of ``entries``."""
-        texts = Texts(self.generation, dict(self.where))
+        texts = Texts(self.generation, dict(self.where), self.final)
         texts.add(entries)
         return texts
+
+    def finals(self) -> Texts:
+        """Only the texts of entries below ``final`` (what a failed save leaves sure)."""
+        kept = {d: (seq, path) for d, (seq, path) in self.where.items() if seq < self.final}
+        return Texts(self.generation, kept, self.final)
 
 
 def _texts(value: Any) -> Iterator[tuple[Path, str]]:
@@ -96,7 +109,10 @@ def _texts(value: Any) -> Iterator[tuple[Path, str]]:
             if len(item) >= MIN_LENGTH:
                 yield path, item
         elif isinstance(item, dict):
-            stack.extend(((*path, k), v) for k, v in item.items() if isinstance(k, str))
+            # A key JSON spells as a str ({1: ...} as {"1": ...}) could stand for another: a
+            # dict with one is not looked into, as it is not stored as it is.
+            if all(isinstance(k, str) for k in item):
+                stack.extend(((*path, k), v) for k, v in item.items())
         elif isinstance(item, list):
             stack.extend(((*path, i), v) for i, v in enumerate(item))
 
@@ -121,16 +137,17 @@ def encode(
         return dumps(snapshot, what)
     refs: list[list[Any]] = []
     kept: dict[str, Any] = {}
+    found: set[str] = set()
     if texts is not None and texts.where:
         try:
             for key in REFERRED:
                 if key in snapshot:
-                    kept[key] = _swap(snapshot[key], (key,), texts.where, refs)
+                    kept[key] = _swap(snapshot[key], (key,), texts.where, refs, found)
         except RecursionError:  # nested too deep to walk: kept whole (dumps says if it can be)
             refs, kept = [], {}
     body = dumps({FIELD: FORMAT, "refs": refs, "snapshot": {**snapshot, **kept}}, what)
-    if used is not None:
-        used.update(ref[3] for ref in refs)
+    if used is not None and refs:
+        used.update(found)
     return compress(body)
 
 
@@ -153,7 +170,13 @@ def decompress(body: bytes, where: str) -> bytes:
     return out
 
 
-def _swap(value: Any, path: Path, where: Mapping[str, tuple[int, Path]], refs: list[Any]) -> Any:
+def _swap(
+    value: Any,
+    path: Path,
+    where: Mapping[str, tuple[int, Path]],
+    refs: list[Any],
+    used: set[str],
+) -> Any:
     """``value``, each long text an entry holds replaced by ``""`` and referred to in ``refs``."""
     if isinstance(value, str):
         if len(value) >= MIN_LENGTH:
@@ -161,12 +184,13 @@ def _swap(value: Any, path: Path, where: Mapping[str, tuple[int, Path]], refs: l
             found = where.get(key)
             if found is not None:
                 refs.append([list(path), found[0], list(found[1]), key])
+                used.add(key)
                 return ""
         return value
     if isinstance(value, list):
-        return [_swap(v, (*path, i), where, refs) for i, v in enumerate(value)]
+        return [_swap(v, (*path, i), where, refs, used) for i, v in enumerate(value)]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {k: _swap(v, (*path, k), where, refs) for k, v in value.items()}
+        return {k: _swap(v, (*path, k), where, refs, used) for k, v in value.items()}
     return value
 
 
@@ -189,14 +213,7 @@ def unwrap(parsed: Any, where: str) -> tuple[dict[str, Any], list[Ref]]:
     """The snapshot (its referred texts ``""``) and references of a body :func:`encode` wrote."""
     if not isinstance(parsed, dict) or FIELD not in parsed:
         raise CorruptStateError(f"{where} is not a State snapshot with references")
-    version = parsed[FIELD]
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CorruptStateError(f"{where} has the reference format {version!r}")
-    if version > FORMAT:
-        raise SchemaVersionError(
-            f"{where} is a snapshot of reference format {version}, newer than the installed "
-            f"alpineagents-s3 reads ({FORMAT}): upgrade alpineagents-s3 to read it"
-        )
+    check_format(parsed[FIELD], FORMAT, where, "a snapshot with references", "reference")
     snapshot, raw = parsed.get("snapshot"), parsed.get("refs")
     if not isinstance(snapshot, dict) or not isinstance(raw, list):
         raise CorruptStateError(f"{where} is a snapshot with references, damaged")
@@ -272,6 +289,37 @@ def _at(value: Any, path: Path) -> Any:
     return value
 
 
-def texts_of(generation: str, refs: Sequence[Ref]) -> Texts:
-    """What a snapshot read tells of the texts its history holds."""
-    return Texts(generation, {ref.digest: (ref.seq, ref.entry_path) for ref in refs})
+def texts_of(generation: str, refs: Sequence[Ref], final: int) -> Texts:
+    """What a snapshot read (of ``final`` entries) tells of the texts its history holds."""
+    return Texts(generation, {ref.digest: (ref.seq, ref.entry_path) for ref in refs}, final)
+
+
+def whole_texts(snapshot: Mapping[str, Any]) -> dict[str, int]:
+    """The long texts a snapshot read keeps whole where texts are referred to (digest: length).
+
+    Its writer did not know them (a store object saving a State it did not read) or no entry
+    holds them (a compaction's summary). Called before :func:`resolve` fills the references in.
+    """
+    found: dict[str, int] = {}
+    for key in REFERRED:
+        if key in snapshot:
+            for _, text in _texts(snapshot[key]):
+                found[digest(text)] = len(text)
+    return found
+
+
+def find_texts(
+    texts: Texts, history: Sequence[Mapping[str, Any]], wanted: Mapping[str, int], depth: int
+) -> None:
+    """Add to ``texts`` where the newest ``depth`` entries of ``history`` hold ``wanted``.
+
+    The context holds the messages since the last compaction, the newest entries': looking
+    no further keeps a load of a long history from walking all of it.
+    """
+    lengths = set(wanted.values())
+    for entry in reversed(history[max(0, len(history) - depth) :]):
+        for path, text in _texts(entry):
+            if len(text) in lengths:
+                key = digest(text)
+                if key in wanted:
+                    texts.where.setdefault(key, (entry["seq"], path))

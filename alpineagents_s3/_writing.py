@@ -75,6 +75,10 @@ def write(
     snapshot object whose body is ``null``, so its id is taken all the same.
     """
     validate_id(state_id)
+    if snapshot is not None and not isinstance(snapshot, Mapping):
+        raise TypeError(
+            f"the snapshot of State {state_id!r} is a {type(snapshot).__name__}, not a dict"
+        )
     # Every body first: a value JSON cannot hold fails before any request.
     bodies: dict[int, bytes] = {}
     for entry in entries:
@@ -84,28 +88,56 @@ def write(
         bodies[seq] = dumps(entry, f"history entry {seq} of State {state_id!r}")
     # The long texts the snapshot may keep in entries (a core whose snapshot holds the model
     # context): this save's, and those of the history of the generation this store object
-    # last saved or read, if nothing failed since.
-    known = ledger.texts.pop(state_id, None)
+    # last saved or read.
+    known = ledger.texts.get(state_id)
     held = ledger.versions.get(state_id)
     if create or known is None or held is None or known.generation != held.generation:
         known = None
-    texts = None
+    texts = own = None
     if _refs.has_context(snapshot) or (snapshot is None and known is not None):
-        texts = (known or Texts("")).with_entries(entries)
+        own = Texts("").with_entries(entries)
+        texts = Texts(
+            "", {**(known.where if known else {}), **own.where}, known.final if known else 0
+        )
     used: set[str] = set()
     what = f"the snapshot of {state_id!r}"
     body = None if snapshot is None else encode(snapshot, texts, what, used)
-    yield from _write(layout, ledger, state_id, entries, bodies, body, create)
-    # Only a save that succeeded leaves texts to refer to (a failed one may leave entries of
-    # another writer at its seqs). After a snapshot, only the texts it refers to and those of
-    # this save's entries are kept: the context holds no other (a compaction drops texts).
+    try:
+        yield from _write(layout, ledger, state_id, entries, bodies, body, create)
+    except BaseException:
+        _keep_final_texts(ledger, state_id)
+        raise
     now = ledger.versions.get(state_id)
-    if now is None or texts is None:
+    if now is None or texts is None or own is None:
         return
     where = texts.where
     if body is not None:
-        where = {d: where[d] for d in used} | Texts("").with_entries(entries).where
-    ledger.know_texts(state_id, Texts(now.generation, where))
+        # The context holds no other texts than those the snapshot refers to, this save's,
+        # and those a first GET of the snapshot during this save found referred to (a
+        # compaction drops the rest).
+        found = ledger.texts.get(state_id)
+        seeded: dict[str, tuple[int, _refs.Path]] = {}
+        if found is not None and found is not known and found.generation == now.generation:
+            seeded = found.where
+        where = seeded | {d: where[d] for d in used} | own.where
+    # A snapshot that landed makes the entries it counts final; entries saved alone do not
+    # move the mark.
+    final = (now.count or 0) if body is not None else texts.final
+    ledger.know_texts(state_id, Texts(now.generation, where, final))
+
+
+def _keep_final_texts(ledger: Ledger, state_id: str) -> None:
+    """After a failed save, keep only the texts of entries that were final before it.
+
+    A failed save may leave another writer's entries at its seqs, never below the count of a
+    snapshot this store object wrote or read.
+    """
+    held = ledger.versions.get(state_id)
+    texts = ledger.texts.get(state_id)
+    if held is None or texts is None or texts.generation != held.generation:
+        ledger.texts.pop(state_id, None)
+    else:
+        ledger.texts[state_id] = texts.finals()
 
 
 def _write(
@@ -235,6 +267,9 @@ def _first_write(
             raise layout.not_found(state_id, ": create it with create=True first")
         layout.fail(outcome, key, "GetObject (before a write)")
     stored = layout.stored_snapshot(state_id, outcome)
+    if stored.refs:  # this save's snapshot was made without them; the next may refer to them
+        final = max((ref.seq + 1 for ref in stored.refs), default=0)
+        ledger.know_texts(state_id, _refs.texts_of(stored.meta.generation, stored.refs, final))
     version = Version(stored.etag, stored.meta.generation, count=stored.meta.count)
     if entries:
         # The State was loaded through another store object: its copy has every seq below its

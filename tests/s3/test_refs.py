@@ -257,7 +257,7 @@ async def test_a_damaged_or_newer_reference_format_is_named(mode: Mode, stores: 
     parsed = json.loads(body)
 
     put_snapshot(stores, "fmt", meta, {**parsed, "alpineagents-refs": 2})
-    with pytest.raises(SchemaVersionError, match="reference format 2, newer"):
+    with pytest.raises(SchemaVersionError, match="references of format 2, newer"):
         await stores.io(mode).read("fmt")
 
     for refs in ([["context", 0]], [[["context"], -1, [], "x"]], "x"):
