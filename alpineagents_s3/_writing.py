@@ -466,6 +466,10 @@ def _create(
     is brought up to date with ``If-Match``.
     """
     pending = ledger.pending_creates.get(state_id)
+    # Bytes no PUT had before (the same JSON): a process still holding the ETag of a snapshot
+    # of this id before it was deleted is refused, even if this State's first snapshot is
+    # byte for byte the one it last wrote (a copy put back).
+    body = claim_body(body)
     # A new generation for each attempt: entries of an earlier one may be swept meanwhile.
     generation = new_generation()
     mark = Mark(ledger.writer, pending=True)

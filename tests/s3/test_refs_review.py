@@ -117,11 +117,6 @@ async def test_delete_forgets_the_texts_of_the_state(mode: Mode, stores: Stores)
     assert "gone" not in ledger(io).texts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, older than the references and not fixed: an ETag repeats for a byte-identical "
-    "snapshot created again after a delete",
-)
 async def test_a_stale_writer_cannot_overwrite_a_state_created_again_with_the_same_body(
     mode: Mode, stores: Stores
 ) -> None:
