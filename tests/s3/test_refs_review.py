@@ -32,19 +32,10 @@ from tests.s3.helpers import (
     pack,
     raw_client,
 )
-from tests.s3.test_refs import LONG, LONG_JSON, entries, snapshot_of
+from tests.s3.test_refs import LONG, LONG_JSON, entries, snapshot_of, stored
 
 ERROR_500 = "InternalError|500"
 NETWORK = "(?i)connection|injected"
-
-
-def stored(stores: Stores, state_id: str) -> tuple[dict[str, str], bytes]:
-    """The snapshot object's metadata and body (a layout 2 body: the JSON it holds)."""
-    got = raw_client(stores.url).get_object(
-        Bucket=stores.bucket, Key=f"runs/{state_id}/snapshot.json"
-    )
-    body: bytes = got["Body"].read()
-    return got["Metadata"], gzip.decompress(body) if body.startswith(b"\x1f\x8b") else body
 
 
 def kept_below(io: Any, state_id: str, count: int) -> bool:
