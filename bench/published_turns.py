@@ -8,15 +8,18 @@ the core's own Agent and offline model (``FakeModel``); each turn is a user mess
 reply that calls one tool (~420 B of text), the tool's result (~1.4 KB) and a model reply.
 For each turn asked for, the requests and request bytes that turn sent (and how many of
 those bytes were the history entries' objects), and the size of the snapshot object after
-it. alpineagents 0.2-0.4 keep the model context in the snapshot, so their snapshot PUTs grow
-with the conversation; this shows by how much.
+it; last, what a load of the conversation by a new store object costs (each a new client:
+its first request pays the connection). alpineagents 0.2-0.4 keep the model context in the
+snapshot, so their snapshot PUTs grow with the conversation; this shows by how much.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import statistics
 import sys
+import time
 from importlib import metadata
 from typing import Any
 
@@ -78,6 +81,20 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {turn} | {counts} | {log.sent_bytes():,} B | {entries:,} B "
                     f"| {size['ContentLength']:,} B |"
                 )
+        # The resume of the conversation by another process: a new store object's load.
+        loads = []
+        for _ in range(5):
+            log.clear()
+            reader = S3Store(BUCKET, endpoint_url=url, event_hooks=log.hooks)
+            wall, cpu = time.perf_counter(), time.process_time()
+            reader.load("turns")
+            loads.append((time.perf_counter() - wall, time.process_time() - cpu))
+            reader.close()
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(log.counts().items()))
+        wall, cpu = (statistics.median(x) * 1000 for x in zip(*loads, strict=True))
+        print(
+            f"\nload by a new store object: {counts}; median of 5: {wall:.0f} ms, {cpu:.0f} ms CPU"
+        )
         store.close()
     return 0
 
