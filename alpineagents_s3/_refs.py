@@ -3,16 +3,16 @@
 alpineagents 0.2-0.4 keep the model context (the messages since the last compaction) in the
 snapshot, so each snapshot PUT would send the conversation again: a long tool result or reply
 is in its history entry and in every later snapshot. The snapshot object keeps such a text
-(``MIN_LENGTH`` characters or more, anywhere under ``context``, or the answers, which copy the
-last reply) as a *reference* instead: the
-seq of an entry of the State's history that holds the same text, where it is in that entry,
-and a digest of the text, which a load checks. A load reads the whole history anyway, so
-putting the texts back costs no request.
+(``MIN_LENGTH`` characters or more, anywhere under ``context``, or in the answers, which copy
+the last reply) as a *reference* instead: the seq of an entry of the State's history that
+holds the same text, where it is in that entry, and a digest of the text, which a load
+checks. A load reads the whole history anyway, so putting the texts back costs no request.
 
-Only texts of entries this store object saved, or that the snapshot it last read referred to,
-are referred to, and only entries the snapshot being written counts: they are part of the
-history, which is never rewritten below a snapshot's count. After a save that failed, this
-store object refers to nothing until its next save succeeds or it reads the State again.
+A store object refers only to entries below the count of the snapshot being written, which
+are the history's for good (never replaced below a snapshot's count), and finds them in its
+``Texts``: the entries it saved, the references of a snapshot it read or met before a save,
+and the texts a snapshot it read kept whole that the newest entries hold. After a failed
+save it keeps only those below the count it last wrote or read.
 
 The snapshot object of such a core (``has_context``) is *layout 2* (its
 ``alpineagents-layout`` metadata): its body is gzip-compressed (the frames of the context's
