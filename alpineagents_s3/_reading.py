@@ -166,6 +166,7 @@ def read_gathered(
         # What the next save may refer to: the texts this snapshot refers to, and those it
         # keeps whole that the newest entries hold.
         texts = _refs.texts_of(stored.meta.generation, stored.refs, gap)
+        texts.add(history[count or 0 :])  # saved alone beyond the count: no snapshot has them
         whole = _refs.whole_texts(snapshot)
         if whole:
             depth = 2 * len(snapshot[_refs.CONTEXT]) + 64
@@ -174,6 +175,8 @@ def read_gathered(
             where = layout.url(layout.snapshot_key(state_id))
             snapshot = _refs.resolve(snapshot, stored.refs, history, where)
         ledger.know_texts(state_id, texts)
+    elif snapshot is not None:
+        ledger.know_texts(state_id, _refs.Texts(stored.meta.generation, context=False))
     else:
         ledger.texts.pop(state_id, None)
     record = _contract.make_record(history, snapshot)

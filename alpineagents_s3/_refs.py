@@ -75,11 +75,14 @@ class Texts:
         where: The digest of each text, with the seq and path of an entry that holds it.
         final: The count of the snapshot this store object last wrote or read: the entries
             below it are the history's for good, whatever a later save does.
+        context: ``False`` for a State whose snapshots hold no model context (this
+            repository's core, alpineagents 0.5+): nothing to refer to, nothing indexed.
     """
 
     generation: str
     where: dict[str, tuple[int, Path]] = field(default_factory=dict)
     final: int = 0
+    context: bool = True
 
     def add(self, entries: Sequence[Mapping[str, Any]]) -> None:
         """Add the long texts of ``entries`` (part of the history)."""

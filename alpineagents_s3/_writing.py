@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from alpineagents_s3 import _refs
@@ -86,44 +86,104 @@ def write(
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
             raise ValueError(f"a history entry of State {state_id!r} has the seq {seq!r}")
         bodies[seq] = dumps(entry, f"history entry {seq} of State {state_id!r}")
-    # The long texts the snapshot may keep in entries (a core whose snapshot holds the model
-    # context): this save's, and those of the history of the generation this store object
-    # last saved or read.
-    known = ledger.texts.get(state_id)
-    held = ledger.versions.get(state_id)
-    if create or known is None or held is None or known.generation != held.generation:
-        known = None
-    texts = own = None
-    if _refs.has_context(snapshot) or (snapshot is None and known is not None):
-        own = Texts("").with_entries(entries)
-        texts = Texts(
-            "", {**(known.where if known else {}), **own.where}, known.final if known else 0
-        )
+    texting = yield from _texts_for(layout, ledger, state_id, entries, snapshot, create)
     used: set[str] = set()
     what = f"the snapshot of {state_id!r}"
-    body = None if snapshot is None else encode(snapshot, texts, what, used)
+    body = None if snapshot is None else encode(snapshot, texting.texts, what, used)
     try:
         yield from _write(layout, ledger, state_id, entries, bodies, body, create)
     except BaseException:
         _keep_final_texts(ledger, state_id)
         raise
+    _remember_texts(ledger, state_id, texting, snapshot, body is not None or create, used)
+
+
+@dataclass(frozen=True)
+class _Texting:
+    """The long texts a save's snapshot may refer to (``_refs``), and where they come from.
+
+    Attributes:
+        known: What this store object knew of the State's texts before the save.
+        texts: ``known`` and the texts of the save's entries; ``None``: nothing to refer to.
+        own: The texts of the save's entries.
+    """
+
+    known: Texts | None = None
+    texts: Texts | None = None
+    own: Texts | None = None
+
+
+def _texts_for(
+    layout: Layout,
+    ledger: Ledger,
+    state_id: str,
+    entries: Sequence[dict[str, Any]],
+    snapshot: dict[str, Any] | None,
+    create: bool,
+) -> Steps[_Texting]:
+    """The texts a save may refer to: those of the history this store object knows, and its own.
+
+    Only a State whose snapshot holds a model context (alpineagents 0.2-0.4) has any; entries
+    saved alone count as such until a snapshot says otherwise. A store object that forgot a
+    State's texts (``Ledger.know_texts`` keeps the last States') GETs the snapshot it holds
+    first: its references are what the State's history holds.
+    """
+    found = ledger.texts.get(state_id)
+    held = ledger.versions.get(state_id)
+    known = None
+    if not create and found is not None and held is not None:
+        if found.generation == held.generation:
+            if not found.context:
+                return _Texting()  # this State's snapshots hold no context
+            known = found
+    if snapshot is not None and not _refs.has_context(snapshot):
+        return _Texting()
+    if known is None and held is not None and not create and snapshot is not None:
+        dumps(snapshot, f"the snapshot of {state_id!r}")  # a bad value fails before any request
+        stored = yield from get_snapshot(layout, state_id, "GetObject (the texts it refers to)")
+        if stored is not None and (stored.etag, stored.meta.generation) == (
+            held.etag,
+            held.generation,
+        ):
+            final = stored.meta.count or 0
+            known = _refs.texts_of(held.generation, stored.refs, final)
+    own = Texts("").with_entries(entries)
+    texts = known.with_entries(entries) if known is not None else own
+    return _Texting(known, texts, own)
+
+
+def _remember_texts(
+    ledger: Ledger,
+    state_id: str,
+    texting: _Texting,
+    snapshot: dict[str, Any] | None,
+    counted: bool,
+    used: set[str],
+) -> None:
+    """After a save that succeeded, what its store object keeps of the State's texts.
+
+    After a snapshot, only the texts it refers to, this save's, and those a first GET of the
+    snapshot during this save found referred to: the context holds no other (a compaction
+    drops the rest). ``counted``: the save's snapshot (or create) landed, so the entries it
+    counts are final.
+    """
     now = ledger.versions.get(state_id)
-    if now is None or texts is None or own is None:
+    if now is None:
         return
-    where = texts.where
-    if body is not None:
-        # The context holds no other texts than those the snapshot refers to, this save's,
-        # and those a first GET of the snapshot during this save found referred to (a
-        # compaction drops the rest).
-        found = ledger.texts.get(state_id)
-        seeded: dict[str, tuple[int, _refs.Path]] = {}
-        if found is not None and found is not known and found.generation == now.generation:
-            seeded = found.where
-        where = seeded | {d: where[d] for d in used} | own.where
-    # A snapshot that landed makes the entries it counts final; entries saved alone do not
-    # move the mark.
-    final = (now.count or 0) if body is not None else texts.final
-    ledger.know_texts(state_id, Texts(now.generation, where, final))
+    if snapshot is not None and not _refs.has_context(snapshot):
+        ledger.know_texts(state_id, Texts(now.generation, context=False))
+        return
+    if texting.texts is None or texting.own is None:
+        return
+    final = (now.count or 0) if counted else texting.texts.final
+    found = ledger.texts.get(state_id)
+    seeded: dict[str, tuple[int, _refs.Path]] = {}
+    if found is not None and found is not texting.known and found.generation == now.generation:
+        seeded, final = found.where, max(final, found.final)
+    where = texting.texts.where
+    if snapshot is not None:
+        where = {d: where[d] for d in used} | texting.own.where
+    ledger.know_texts(state_id, Texts(now.generation, seeded | where, final))
 
 
 def _keep_final_texts(ledger: Ledger, state_id: str) -> None:
@@ -276,8 +336,21 @@ def _first_write(
         # first unsaved one. A gap right there means orphans may follow.
         first = first_seq(entries)
         listed: dict[int, tuple[str, str]] = {}
-        after = layout.entry_key(state_id, version.generation, first - 1) if first else None
+        count = stored.meta.count
+        # Seqs from the snapshot's count to ``first`` are entries saved alone, which the copy
+        # holds: they must be stored (not so in a State deleted and created again since).
+        start = count if count is not None and count < first else first
+        after = layout.entry_key(state_id, version.generation, start - 1) if start else None
         yield from scan(layout, state_id, version.generation, page[0], listed, after=after)
+        missing = [seq for seq in range(start, first) if seq not in listed]
+        if missing:
+            raise ConcurrentWriteError(
+                f"State {state_id!r} is not the one this copy was loaded from: {layout.url(key)} "
+                f"counts {count} history entries, and this save continues from entry {first}, "
+                f"but entry {missing[0]} is not stored (was the State deleted and created "
+                f"again?). Load it again with store.load({state_id!r}) and continue from what "
+                "is saved"
+            )
         gap = first
         while gap in listed:  # seqs below ``first`` are stored: the copy saved them
             gap += 1

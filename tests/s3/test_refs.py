@@ -357,7 +357,8 @@ async def test_what_a_store_object_keeps_of_the_texts_is_bounded(
     """After a compaction it keeps only what the context holds; and only the last States'."""
     from alpineagents_s3 import _versions
 
-    store = stores.new()
+    log = RequestLog()
+    store = stores.new(event_hooks=log.hooks)
     io = StoreIO(store, mode)
     ledger = store._ledger
     history = entries(0, 20)
@@ -375,10 +376,13 @@ async def test_what_a_store_object_keeps_of_the_texts_is_bounded(
     for k in range(5):
         await io.write(f"s{k}", entries(0, 2), snapshot_of(entries(0, 2)), create=True)
     assert list(ledger.texts) == ["s2", "s3", "s4"]
-    # A State whose texts were forgotten saves all the same, referring to its new entries.
+    # A State whose texts were forgotten: its save GETs the snapshot first, which says what
+    # the history holds, and refers to every text all the same.
+    log.clear()
     more = entries(0, 4)
     await io.write("s0", more[2:], snapshot_of(more))
+    assert log.counts() == {"GET": 1, "PUT": 3}, log.requests
     record = await stores.io(mode).read("s0")
     assert record is not None and record.snapshot == snapshot_of(more)
     _, body = stored(stores, "s0")
-    assert json.loads(body)["refs"] and body.count(LONG_JSON) == 2  # entries 0 and 1: whole
+    assert len(json.loads(body)["refs"]) == 4 and body.count(LONG_JSON) == 0
