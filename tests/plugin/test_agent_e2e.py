@@ -19,6 +19,7 @@ server of the session over HTTP.
 
 from __future__ import annotations
 
+import gzip
 import inspect
 import json
 import os
@@ -32,6 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 import alpineagents
@@ -39,6 +41,8 @@ import alpineagents.store
 
 CHILD = Path(__file__).resolve().parent / "children" / "agent_run.py"
 ANSWER = "Booked AA100."  # what the children's scripted model answers
+# What the children's lookup_fares returns (children/agent_run.py, with --long).
+LONG_RESULT = "fare,price\n" + "".join(f"AA{n},{100 + n}\n" for n in range(60))
 TIMEOUT = 60  # the longest any wait here takes
 # The installed core's list summary class, by its Store contract generation (as conftest.py).
 SUMMARY_CLASS = "StateInfo" if hasattr(alpineagents.store, "StateInfo") else "SavedState"
@@ -49,6 +53,7 @@ class Children:
 
     def __init__(self, work: Path, moto_url: str, bucket: str):
         self.work = work
+        self.endpoint, self.bucket = moto_url, bucket
         self.base = ["--endpoint", moto_url, "--bucket", bucket, "--prefix", "runs"]
         self.running: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
 
@@ -267,3 +272,36 @@ def test_first_process_is_refused_after_the_second_took_over(children: Children,
     # The bucket keeps the second process's run, with the core's unknown result.
     assert done_first["reloaded"] == done_second["history"]
     assert len(ledger(children)) == 1
+
+
+def test_killed_in_a_tool_after_a_long_result_resumes_with_the_result_whole(
+    children: Children, mode: str
+) -> None:
+    """A ~600-character tool result, then book_flight killed: the resumed run and a new store
+    object read the result whole, and a core that keeps the model context in its snapshot
+    (0.2-0.4) finds the snapshot object keeping it in the history entry, not a copy."""
+    state_id = new_id()
+    killed = children.work / "killed"
+    first, second = start_pair(
+        children, state_id, mode, ["--long"], ["--after", str(killed), "--long"]
+    )
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=TIMEOUT)
+    assert first.returncode == -signal.SIGKILL, children.output(first)
+    s3 = boto3.client("s3", endpoint_url=children.endpoint, region_name="us-east-1")
+    key = f"runs/{state_id}/snapshot.json"
+    got = s3.get_object(Bucket=children.bucket, Key=key)
+    body = got["Body"].read()
+    if got["Metadata"].get("alpineagents-layout") == "2":  # a snapshot with the model context
+        body = gzip.decompress(body)
+        assert json.dumps(LONG_RESULT)[1:-1].encode() not in body
+        assert json.loads(body)["refs"]
+    killed.touch()
+
+    resumed = succeeded(children.finish(second))
+    history = resumed["history"]
+    lookups = [e["id"] for e in history if e["kind"] == "call" and e["name"] == "lookup_fares"]
+    assert len(lookups) == 1, history
+    assert results_for(history, lookups[0]) == [LONG_RESULT]
+    assert len(book_flight_calls(history)) == 1 and len(ledger(children)) == 1
+    assert resumed["reloaded"] == history

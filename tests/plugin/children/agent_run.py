@@ -11,6 +11,9 @@ Commands:
             can start up while the parent still waits for the first one). With --loaded/--go:
             create --loaded after the load, then wait for --go before running
 
+With --long, the first run calls lookup_fares (a ~600-character result) before book_flight,
+and both runs have the tool.
+
 ``first`` with --release, and ``resume``, print one JSON object on stdout: the core's
 description, the answer (or the error the run raised), the history in cores.history form, the
 warnings that were issued, and what a new S3Store then reads from the bucket (``reloaded``: the
@@ -56,6 +59,20 @@ def wait_for(path: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear in {WAIT_SECONDS} s")
         time.sleep(0.02)
+
+
+# With --long: what lookup_fares returns, long enough for the snapshot of a core that keeps
+# the model context (0.2-0.4) to keep it in its history entry (docs/s3.md).
+LONG_RESULT = "fare,price\n" + "".join(f"AA{n},{100 + n}\n" for n in range(60))
+
+
+def lookup_fares(route: str) -> str:
+    """Look up the fares of a route.
+
+    Args:
+        route: The route, e.g. "JFK-LAX".
+    """
+    return LONG_RESULT
 
 
 def book_flight(flight: str) -> str:
@@ -121,17 +138,20 @@ def main() -> None:
     parser.add_argument("--after")
     parser.add_argument("--loaded")
     parser.add_argument("--go")
+    parser.add_argument("--long", action="store_true")
     args = parser.parse_args()
 
     store = S3Store(args.bucket, args.prefix, endpoint_url=args.endpoint)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            tools = [lookup_fares, book_flight] if args.long else [book_flight]
             if args.command == "first":
-                model = cores.make_model(
-                    [("call", "book_flight", {"flight": "AA100"}), ("answer", ANSWER)]
-                )
-                agent = cores.make_agent(model, [book_flight], store)
+                script = [("call", "book_flight", {"flight": "AA100"}), ("answer", ANSWER)]
+                if args.long:
+                    script.insert(0, ("call", "lookup_fares", {"route": "JFK-LAX"}))
+                model = cores.make_model(script)
+                agent = cores.make_agent(model, tools, store)
                 state = cores.make_state(TASK, args.id)
                 result = run_reporting(agent, state, caught)
                 report(state, **result)
@@ -143,7 +163,7 @@ def main() -> None:
                     touch(args.loaded)
                     wait_for(args.go)
                 model = cores.make_model([("answer", ANSWER)])
-                agent = cores.make_agent(model, [book_flight], store)
+                agent = cores.make_agent(model, tools, store)
                 result = run_reporting(agent, state, caught)
                 report(state, **result)
     finally:
