@@ -90,6 +90,15 @@ def put_snapshot(stores: Stores, state_id: str, meta: dict[str, str], value: Any
 async def test_long_texts_of_the_context_are_kept_once_and_come_back_the_same(
     mode: Mode, stores: Stores
 ) -> None:
+    await kept_once(mode, stores)
+
+
+@pytest.mark.integration
+async def test_long_texts_are_kept_once_on_localstack(mode: Mode, localstack: Stores) -> None:
+    await kept_once(mode, localstack)
+
+
+async def kept_once(mode: Mode, stores: Stores) -> None:
     io = stores.io(mode)
     history = entries(0, 6)
     short = {"role": "user", "content": "short text", "tokens": None}
@@ -332,6 +341,15 @@ async def test_list_reads_snapshots_with_references(mode: Mode, stores: Stores) 
 async def test_a_claim_puts_the_snapshot_with_references_again_and_it_still_loads(
     mode: Mode, stores: Stores
 ) -> None:
+    await claimed(mode, stores)
+
+
+@pytest.mark.integration
+async def test_a_claim_of_a_layout_2_snapshot_on_localstack(mode: Mode, localstack: Stores) -> None:
+    await claimed(mode, localstack)
+
+
+async def claimed(mode: Mode, stores: Stores) -> None:
     """A process killed mid-save left entry 5 (not 4): the next save claims, then fills."""
     io = stores.io(mode)
     history = entries(0, 4)
