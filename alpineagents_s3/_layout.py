@@ -258,7 +258,7 @@ class Layout:
 
         ``claim`` is ``(the ETag it replaces, the claiming writer)`` for a claim.
         """
-        layout = 2 if _refs.compressed(body) else 1
+        layout = LAYOUT if _refs.compressed(body) else 1
         metadata = {GENERATION_META: generation, WRITE_META: token, LAYOUT_META: str(layout)}
         if count is not None:
             metadata[ENTRIES_META] = str(count)

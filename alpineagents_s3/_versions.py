@@ -86,7 +86,7 @@ class PendingCreate:
 
 
 # How many States' texts a store object keeps (``Ledger.know_texts``): each costs about 200 B
-# a long text of its snapshot's context, and one it forgets only refers to fewer texts.
+# a long text of its snapshot's context; a save of one it forgot GETs the snapshot first.
 TEXT_STATES = 128
 
 

@@ -145,11 +145,19 @@ def _texts_for(
             held.etag,
             held.generation,
         ):
-            final = stored.meta.count or 0
-            known = _refs.texts_of(held.generation, stored.refs, final)
+            known = _referred(stored)
     own = Texts("").with_entries(entries)
-    texts = known.with_entries(entries) if known is not None else own
+    texts = own
+    if known is not None:  # what it knew first (as ``Texts.add`` keeps the first holder)
+        texts = Texts(known.generation, own.where | known.where, known.final)
     return _Texting(known, texts, own)
+
+
+def _referred(stored: StoredSnapshot) -> Texts:
+    """The texts a stored snapshot refers to, final below its count."""
+    count = stored.meta.count
+    final = count if count is not None else max((ref.seq + 1 for ref in stored.refs), default=0)
+    return _refs.texts_of(stored.meta.generation, stored.refs, final)
 
 
 def _remember_texts(
@@ -328,8 +336,7 @@ def _first_write(
         layout.fail(outcome, key, "GetObject (before a write)")
     stored = layout.stored_snapshot(state_id, outcome)
     if stored.refs:  # this save's snapshot was made without them; the next may refer to them
-        final = max((ref.seq + 1 for ref in stored.refs), default=0)
-        ledger.know_texts(state_id, _refs.texts_of(stored.meta.generation, stored.refs, final))
+        ledger.know_texts(state_id, _referred(stored))
     version = Version(stored.etag, stored.meta.generation, count=stored.meta.count)
     if entries:
         # The State was loaded through another store object: its copy has every seq below its
