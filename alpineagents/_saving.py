@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from alpineagents._serialize import entry_to_dict, same_snapshot, snapshot_of, state_from_record
-from alpineagents.state import SaveRecord, State, utcnow
+from alpineagents.state import TOOL_RESULT, SaveRecord, State, utcnow
 
 __all__ = [
     "Pending",
@@ -98,8 +98,29 @@ def plan(state: State, *, entries_only: bool = False) -> Pending | None:
     snapshot = snapshot_of(state)
     if not create and not entries and same_snapshot(snapshot, saved.snapshot):
         return None
+    if not create and not entries and _only_counts_results(state, snapshot, saved.snapshot):
+        return None
     snapshot["updated_at"] = utcnow().isoformat()
     return Pending(entries, snapshot, create, count)
+
+
+def _only_counts_results(
+    state: State, snapshot: dict[str, Any], saved: dict[str, Any] | None
+) -> bool:
+    """Whether ``snapshot`` only counts tool results the store has (saved alone, at once).
+
+    Besides ``updated_at``, nothing else of it differs from the saved one. A load replays
+    those results after the entries the snapshot counts, so the State loaded is the same
+    without writing the snapshot again (the save after ``use_tools``).
+    """
+    if saved is None or same_snapshot(snapshot, saved):
+        return False
+    counted = saved.get("entries")
+    if not isinstance(counted, int) or snapshot["entries"] < counted:
+        return False
+    if {**snapshot, "entries": counted, "updated_at": None} != {**saved, "updated_at": None}:
+        return False
+    return all(entry.kind == TOOL_RESULT for entry in state.history[counted:])
 
 
 def done(state: State, store: object, pending: Pending) -> None:

@@ -180,8 +180,10 @@ async def test_after_use_tools_and_compact(
     assert await run(mode, agent, State("take notes", id="row-steps")) == "done"
     order = [p for p, _ in points.reached]
     assert order.index(SavePoint.AFTER_USE_TOOLS) < order.index(SavePoint.AFTER_COMPACT)
-    # The tool result was saved alone; use_tools' save adds the snapshot that goes with it.
-    assert points.wrote(SavePoint.AFTER_USE_TOOLS) == [([], True, False)]
+    # The tool result was saved alone; use_tools' save has nothing to add: the snapshot would
+    # only count the result, which a load replays after the entries the snapshot counts.
+    assert points.wrote(SavePoint.AFTER_USE_TOOLS) == []
+    assert points.reached.count((SavePoint.AFTER_USE_TOOLS, None)) == 1  # reached, nothing new
     # The compaction entry is saved before the next request.
     assert points.wrote(SavePoint.AFTER_COMPACT) == [([3], True, False)]
     assert [e["kind"] for e in store.read("row-steps").entries if e["seq"] == 3] == [  # type: ignore[union-attr]
@@ -247,9 +249,9 @@ def test_save_points_of_a_run_with_a_tool() -> None:
         ([0], True, True),  # RUN_STARTS: the new State, whole
         ([1], True, False),  # AFTER_THINK: the response with the call
         ([2], False, False),  # AFTER_TOOL_RESULT: the result, at once, alone
-        ([], True, False),  # AFTER_USE_TOOLS: what is missing (the snapshot)
         ([3], True, False),  # RUN_ENDS: the reply (which ends the turn) and the stop
-    ]  # BEFORE_THINK (twice): nothing changed, nothing written
+    ]  # BEFORE_THINK (twice): nothing changed, nothing written; AFTER_USE_TOOLS: nothing is
+    # missing (the snapshot would only count the result, which a load replays)
     writes = len(store.writes)
     agent.run(store.load("run"))
     assert len(store.writes) == writes  # a stopped State that runs again writes nothing
