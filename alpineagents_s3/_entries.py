@@ -26,6 +26,7 @@ from typing import Any
 from alpineagents_s3._codec import loads_entry
 from alpineagents_s3._deleting import check_deletes, delete_keys
 from alpineagents_s3._layout import (
+    ALONE_META,
     BASE_META,
     CLAIMED_META,
     CLAIMER_META,
@@ -151,6 +152,7 @@ def put_entries(
     entries: Sequence[dict[str, Any]],
     bodies: Mapping[int, bytes],
     mark: Mark,
+    claimed: bool = False,
 ) -> Steps[list[str]]:
     """PUT entries with If-None-Match, based on ``version``; return the keys written.
 
@@ -160,6 +162,9 @@ def put_entries(
     that writer's snapshot PUT can never land, so its entry is no one's. Another writer's
     pending entry on the stored snapshot raises :class:`Contested`. Anything else is a second
     writer: then the entries this call did write are disowned, so no reader replays them.
+    ``claimed``: the save has just claimed the snapshot, so an entry another writer committed
+    alone that loads do not read (not the first of one writer's run) never will: it is
+    replaced.
     """
     generation, base = version.generation, version.etag
     seqs = [entry["seq"] for entry in entries]
@@ -182,7 +187,7 @@ def put_entries(
     if taken:
         try:
             replaced = yield from _settle_taken(
-                layout, state_id, version, seqs, keys, bodies, taken, mark
+                layout, state_id, version, seqs, keys, bodies, taken, mark, claimed
             )
         except ConcurrentWriteError:
             yield from _disown(layout, state_id, version, seqs, bodies, mine, mark)
@@ -203,12 +208,14 @@ def _settle_taken(
     bodies: Mapping[int, bytes],
     taken: Sequence[int],
     mark: Mark,
+    claimed: bool = False,
 ) -> Steps[dict[int, str]]:
     """Decide about entries whose If-None-Match PUT found the seq stored; return those replaced."""
     found = yield from layout.send([layout.get(keys[i]) for i in taken])
     other_base: dict[int, tuple[str, bool]] = {}  # index -> (ETag, same entry as ours)
     contested: list[int] = []
     alone: dict[int, str] = {}  # index -> writer, of entries saved alone by another writer
+    etags: dict[int, str] = {}  # index -> ETag, of the entries found
     for i, outcome in zip(taken, found, strict=True):
         if isinstance(outcome, Exception):
             if error_code(outcome) in NOT_FOUND_CODES:
@@ -218,8 +225,21 @@ def _settle_taken(
                 raise second_writer(layout, state_id, keys[i], seqs[i])
             layout.fail(outcome, keys[i], "GetObject (an entry already stored)")
         metadata = outcome.get("Metadata", {})
+        etags[i] = outcome["ETag"]
         same = _same(layout, outcome["Body"], bodies, seqs[i], keys[i])
-        if metadata.get(BASE_META) not in (None, version.etag):
+        writer = metadata.get(WRITER_META)
+        if committed_alone(metadata) and writer not in (None, mark.writer):
+            # Committed alone by another writer (layout 3): the State's if loads read it,
+            # whatever snapshot it was saved on.
+            alone[i] = writer
+        elif same and writer == mark.writer and mark.change is not None:
+            if metadata.get(PENDING_META) == PENDING or ALONE_META not in metadata:
+                # Ours, from a save that was to end with a snapshot PUT (which failed): this
+                # save commits it alone, so it is marked so.
+                other_base[i] = (outcome["ETag"], True)
+            else:
+                logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
+        elif metadata.get(BASE_META) not in (None, version.etag):
             other_base[i] = (outcome["ETag"], same)
         elif same:
             logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
@@ -262,7 +282,11 @@ def _settle_taken(
         for i, writer in alone.items():
             if writer == run_writer:
                 raise second_writer(layout, state_id, keys[i], seqs[i])
-            contested.append(i)
+            if claimed and i not in other_base:
+                # Read by no load, and after our claim no snapshot of its writer can count it.
+                other_base[i] = (etags[i], False)
+            else:
+                contested.append(i)
     if contested:
         raise Contested(keys[contested[0]])
     stale: dict[int, str] = {}
@@ -271,6 +295,7 @@ def _settle_taken(
             stale[i] = etag
         elif not same:
             raise second_writer(layout, state_id, keys[i], seqs[i])
+        # (The same entry, counted: the State's as it is.)
     replaced: dict[int, str] = {}
     for _ in range(REPLACE_ATTEMPTS):
         outcomes = yield from layout.send(
@@ -407,6 +432,15 @@ def check_base(
             ):
                 return _count(current)
     raise refused(layout, state_id, version)
+
+
+def committed_alone(metadata: Mapping[str, str]) -> bool:
+    """Whether an entry's metadata marks it committed alone (layout 3), by a save not refused."""
+    return (
+        ALONE_META in metadata
+        and PENDING_META not in metadata
+        and metadata.get(BASE_META) != REFUSED_BASE
+    )
 
 
 def _count(head: Response) -> int | None:

@@ -52,8 +52,15 @@ GENERATION_META: Final = "alpineagents-generation"
 WRITE_META: Final = "alpineagents-write"
 # The layout version of the objects (absent: 1). A newer one is refused, not misread. A
 # snapshot object whose context's long texts are kept in history entries (``_refs``) is 2.
+# Layout 3 (every snapshot this version writes): beyond the snapshot's count, a load reads the
+# entries committed alone (``ALONE_META``), one writer's in a row, whatever snapshot they were
+# based on, and applies the snapshot changes they carry (``_patches``); the body is plain JSON
+# or, for a snapshot holding a model context, compressed as in layout 2.
 LAYOUT_META: Final = "alpineagents-layout"
-LAYOUT: Final = 2
+LAYOUT: Final = 3
+# On a layout 3 snapshot: "1" if saves that commit by their entry alone may carry changes of it
+# after it (the State is running); a listing then reads those changes.
+OPEN_META: Final = "alpineagents-open"
 ENTRIES_META: Final = "alpineagents-entries"
 # On an entry: the ETag of the snapshot its writer had last written or read ("-" in a create).
 BASE_META: Final = "alpineagents-base"
@@ -65,6 +72,9 @@ WRITER_META: Final = "alpineagents-writer"
 # On an entry of a save that ends with a snapshot PUT: "snapshot" (pending until one counts it).
 PENDING_META: Final = "alpineagents-pending"
 PENDING: Final = "snapshot"
+# On an entry committed alone in layout 3 (its PUT is the save): the change of the snapshot it
+# carries (``_patches``), "-" for none.
+ALONE_META: Final = "alpineagents-alone"
 # On a claim: the ETag of the snapshot it replaced, and the claiming writer. Loads read that
 # writer's entries saved alone on the replaced snapshot as on the claim (its own tool results).
 CLAIMED_META: Final = "alpineagents-claimed-from"
@@ -96,6 +106,8 @@ class SnapshotMeta:
         count: How many entries from seq 0 on were stored when it was written, if recorded.
         claimed_from: For a claim, the ETag of the snapshot it replaced.
         claimer: For a claim, the writer that made it.
+        layout: Its layout version (1 if not recorded).
+        open: Whether entries committed alone after it may carry changes of it (layout 3).
     """
 
     generation: str
@@ -103,6 +115,8 @@ class SnapshotMeta:
     count: int | None
     claimed_from: str | None = None
     claimer: str | None = None
+    layout: int = 1
+    open: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,16 +142,21 @@ class Mark:
         writer: The writer's token (one per store object).
         pending: Whether the save ends with a snapshot PUT, which makes the entry part of the
             State; an entry saved alone is part of it once saved on top of the stored snapshot.
+        change: For an entry committed alone (layout 3), the change of the snapshot it carries
+            (``_patches``; ``"-"``: none); ``None`` for the other entries.
     """
 
     writer: str
     pending: bool
+    change: str | None = None
 
     def metadata(self, base: str) -> dict[str, str]:
         """The entry's metadata, on top of the snapshot ``base``."""
         metadata = {BASE_META: base, WRITER_META: self.writer}
         if self.pending:
             metadata[PENDING_META] = PENDING
+        elif self.change is not None:
+            metadata[ALONE_META] = self.change
         return metadata
 
 
@@ -252,18 +271,22 @@ class Layout:
         token: str,
         count: int | None,
         claim: tuple[str, str] | None = None,
+        *,
+        open: bool = False,
         **conditions: Any,
     ) -> Call:
-        """The snapshot PUT: its metadata names the generation, this PUT and the layout.
+        """The snapshot PUT: its metadata names the generation, this PUT and the layout (3).
 
-        ``claim`` is ``(the ETag it replaces, the claiming writer)`` for a claim.
+        ``claim`` is ``(the ETag it replaces, the claiming writer)`` for a claim; ``open``
+        says that saves committing by their entry alone may change the snapshot after it.
         """
-        layout = LAYOUT if _refs.compressed(body) else 1
-        metadata = {GENERATION_META: generation, WRITE_META: token, LAYOUT_META: str(layout)}
+        metadata = {GENERATION_META: generation, WRITE_META: token, LAYOUT_META: str(LAYOUT)}
         if count is not None:
             metadata[ENTRIES_META] = str(count)
         if claim is not None:
             metadata[CLAIMED_META], metadata[CLAIMER_META] = claim
+        if open:
+            metadata[OPEN_META] = "1"
         return self.put(self.snapshot_key(state_id), body, Metadata=metadata, **conditions)
 
     def get(self, key: str) -> Call:
@@ -327,6 +350,8 @@ class Layout:
                 count,
                 metadata.get(CLAIMED_META),
                 metadata.get(CLAIMER_META),
+                int(metadata.get(LAYOUT_META, "1")),
+                metadata.get(OPEN_META) == "1",
             ),
             snapshot,
             body,
@@ -338,7 +363,10 @@ class Layout:
     ) -> tuple[dict[str, Any] | None, list[_refs.Ref]]:
         """The snapshot in a snapshot object's body, and the texts it keeps in entries."""
         where = self.url(key)
-        if metadata.get(LAYOUT_META, "1") == "1":
+        layout = metadata.get(LAYOUT_META, "1")
+        if layout == "1":
+            return loads_snapshot(body, where), []
+        if layout != "2" and not _refs.compressed(body):  # layout 3: a body says which it is
             return loads_snapshot(body, where), []
         if not _refs.compressed(body):
             raise CorruptStateError(f"{where} is a snapshot of layout 2, but not compressed")

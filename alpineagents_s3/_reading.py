@@ -16,14 +16,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from alpineagents_s3 import _contract, _refs
+from alpineagents_s3 import _contract, _patches, _refs
 from alpineagents_s3._codec import loads_entry, validate_id
 from alpineagents_s3._contract import Record, Summary
 from alpineagents_s3._layout import (
+    ALONE_META,
     BASE_META,
+    ENTRIES_META,
     GENERATION_META,
+    OPEN_META,
     PENDING,
     PENDING_META,
+    REFUSED_BASE,
     WRITER_META,
     Layout,
     StoredSnapshot,
@@ -31,7 +35,7 @@ from alpineagents_s3._layout import (
 from alpineagents_s3._segments import Segment, chain, read_chain, segments_in
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES
-from alpineagents_s3._versions import Ledger, Version, unbroken_run
+from alpineagents_s3._versions import Effective, Ledger, Version, unbroken_run
 from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
 
 logger = logging.getLogger("alpineagents_s3")
@@ -54,12 +58,15 @@ class Fetched(NamedTuple):
         base: The snapshot ETag its writer saved it on top of (``None``: not recorded).
         writer: The token of its writer (``None``: not recorded).
         pending: Whether it belongs to a save that ends with a snapshot PUT.
+        change: For an entry committed alone (layout 3), the change of the snapshot it
+            carries (``_patches``); ``None`` for the others.
     """
 
     entry: dict[str, Any]
     base: str | None
     writer: str | None = None
     pending: bool = False
+    change: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,9 +142,12 @@ def read_gathered(
     if found is None:
         return None, None
     stored, entries, listed = found.stored, found.entries, found.listed
-    # Beyond the count, only entries saved on top of this very snapshot are the State's.
-    also = (stored.meta.claimed_from, stored.meta.claimer)
-    gap = _vouched(entries, stored.meta.count or 0, stored.etag, found.run, also)
+    if stored.meta.layout >= 3:
+        gap = committed(entries, stored.meta.count or 0, found.run)
+    else:
+        # Beyond the count, only entries saved on top of this very snapshot are the State's.
+        also = (stored.meta.claimed_from, stored.meta.claimer)
+        gap = _vouched(entries, stored.meta.count or 0, stored.etag, found.run, also)
     orphans = {seq: etag for seq, (_, etag) in listed.items() if seq > gap}
     if orphans:
         logger.info(
@@ -148,7 +158,16 @@ def read_gathered(
             gap,
         )
     count = stored.meta.count
-    version = Version(stored.etag, stored.meta.generation, count=count, landed=count or 0)
+    tail_writer = entries[count or 0].writer if gap > (count or 0) else None
+    version = Version(
+        stored.etag,
+        stored.meta.generation,
+        count=count,
+        landed=count or 0,
+        layout=stored.meta.layout,
+        open=stored.meta.open,
+        tail_writer=tail_writer,
+    )
     if (
         held is not None
         and ledger.versions.get(state_id) is held
@@ -162,6 +181,7 @@ def read_gathered(
     logger.debug("read %s: %d entries", layout.url(layout.snapshot_key(state_id)), gap)
     history = [entries[seq].entry for seq in range(gap)]
     snapshot = stored.snapshot
+    where = layout.url(layout.snapshot_key(state_id))
     if snapshot is not None and _refs.has_context(snapshot):
         # What the next save may refer to: the texts this snapshot refers to, and those it
         # keeps whole that the newest entries hold.
@@ -172,13 +192,26 @@ def read_gathered(
             depth = 2 * len(snapshot[_refs.CONTEXT]) + 64
             _refs.find_texts(texts, history, whole, depth)
         if stored.refs:
-            where = layout.url(layout.snapshot_key(state_id))
             snapshot = _refs.resolve(snapshot, stored.refs, history, where)
         ledger.know_texts(state_id, texts)
     elif snapshot is not None:
+        if stored.refs:  # a long answer kept in the reply it copies (``_refs.encode``)
+            snapshot = _refs.resolve(snapshot, stored.refs, history, where)
         ledger.know_texts(state_id, _refs.Texts(stored.meta.generation, context=False))
     else:
         ledger.texts.pop(state_id, None)
+    snapshot = changed_snapshot(layout, state_id, stored, entries, gap, snapshot)
+    if (
+        stored.meta.layout >= 3
+        and snapshot is not None
+        and not _refs.has_context(snapshot)
+        and (now := ledger.versions.get(state_id)) is not None
+        and not now.own
+        and (now.etag, now.count) == (stored.etag, gap)
+    ):
+        # What a save of this store object diffs against, once it replaced the snapshot.
+        effective = Effective(stored.etag, stored.meta.generation, gap, snapshot)
+        ledger.know_effective(state_id, effective)
     record = _contract.make_record(history, snapshot)
     return record, found
 
@@ -286,6 +319,57 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
     return Gathered(stored, entries, listed, segments, gap, start)
 
 
+def committed(entries: dict[int, Fetched], count: int, run: int) -> int:
+    """How many entries from seq 0 on are the State's, under a layout 3 snapshot.
+
+    The ``count`` the snapshot accounts for, then the entries committed alone after it (each
+    save's PUT of its one entry, or of a tool result), by the writer of the first of them,
+    whatever snapshot they were saved on: a snapshot replaced since by a save that added no
+    entry does not undo them. An entry of another writer ends the run (two writers committing
+    alone race, and the first has it), and so do a pending entry (its save ends with a snapshot
+    PUT), an entry of a refused save, and one saved without the layout 3 mark (an older
+    alpineagents-s3, which checks its entries against the snapshot instead). ``run`` is the
+    unbroken run found.
+    """
+    seq = min(count, run)
+    writer = entries[seq].writer if seq < run else None
+    while seq < run:
+        fetched = entries[seq]
+        if (
+            fetched.change is None
+            or fetched.pending
+            or fetched.base == REFUSED_BASE
+            or writer is None
+            or fetched.writer != writer
+        ):
+            break
+        seq += 1
+    return seq
+
+
+def changed_snapshot(
+    layout: Layout,
+    state_id: str,
+    stored: StoredSnapshot,
+    entries: dict[int, Fetched],
+    gap: int,
+    snapshot: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """``snapshot`` (the stored one) with the changes of the entries committed alone after it."""
+    for seq in range(stored.meta.count or 0, gap):
+        change = entries[seq].change
+        if change is None or change == _patches.NO_CHANGE:
+            continue
+        where = layout.url(layout.entry_key(state_id, stored.meta.generation, seq))
+        if snapshot is None:
+            raise CorruptStateError(
+                f"{where} changes the snapshot of a State that has none "
+                f"({layout.url(layout.snapshot_key(state_id))} holds null)"
+            )
+        snapshot = _patches.apply(snapshot, change, where)
+    return snapshot
+
+
 def _listed_segments(
     layout: Layout, state_id: str, generation: str, page: Outcome
 ) -> Steps[list[Segment]]:
@@ -337,6 +421,7 @@ def fetched(response: Response, where: str, seq: int) -> Fetched:
         metadata.get(BASE_META),
         metadata.get(WRITER_META),
         metadata.get(PENDING_META) == PENDING,
+        metadata.get(ALONE_META),
     )
 
 
@@ -414,6 +499,7 @@ def list_states(layout: Layout) -> Steps[list[Summary]]:
     warning on the ``alpineagents_s3`` logger; ``load`` of that id raises the error.
     """
     saved: list[Summary] = []
+    running: list[tuple[str, StoredSnapshot]] = []  # open layout 3 snapshots: read changes
     (page,) = yield from layout.send([layout.list_page(layout.root, Delimiter="/")])
     while True:
         if isinstance(page, Exception):
@@ -437,8 +523,12 @@ def list_states(layout: Layout) -> Steps[list[Summary]]:
                     continue  # a create that did not finish, or a State being deleted
                 layout.fail(outcome, key, "GetObject")
             try:
-                layout.check_layout(outcome.get("Metadata", {}), key)
-                snapshot, _ = layout.snapshot_of(outcome.get("Metadata", {}), outcome["Body"], key)
+                metadata = outcome.get("Metadata", {})
+                layout.check_layout(metadata, key)
+                if metadata.get(OPEN_META) == "1" and metadata.get(ENTRIES_META, "").isdigit():
+                    running.append((state_id, layout.stored_snapshot(state_id, outcome)))
+                    continue
+                snapshot, _ = layout.snapshot_of(metadata, outcome["Body"], key)
                 if snapshot is None:
                     logger.debug("not listing %s: created without a snapshot", layout.url(key))
                     continue
@@ -448,7 +538,84 @@ def list_states(layout: Layout) -> Steps[list[Summary]]:
                 logger.warning("not listing State %r: %s: %s", state_id, type(e).__name__, e)
         if not token:
             break
+    changed = yield from _changes_after(layout, running)
+    for state_id, _ in running:
+        key = layout.snapshot_key(state_id)
+        try:
+            snapshot = changed[state_id]
+            if isinstance(snapshot, CorruptStateError):
+                raise snapshot
+            if snapshot is not None:
+                saved.append(_summary(layout, state_id, snapshot, key))
+        except (CorruptStateError, SchemaVersionError) as e:
+            logger.warning("not listing State %r: %s: %s", state_id, type(e).__name__, e)
     return _contract.newest_first(saved)
+
+
+def _changes_after(
+    layout: Layout, found: list[tuple[str, StoredSnapshot]]
+) -> Steps[dict[str, Any]]:
+    """For open layout 3 snapshots: each with the changes committed alone after it applied.
+
+    The entries after each snapshot's count are listed (one request per State, all at once),
+    then HEADed (their metadata carries the changes), all at once: two rounds for every
+    running State together. A State whose changes cannot be read maps to the error. (A save
+    replaces the snapshot every ``CHECKPOINT_EVERY`` entries committed alone, so there are
+    few; one page of the listing, 1,000 entries, is read.)
+    """
+    pages = yield from layout.send(
+        [_after_count(layout, state_id, stored) for state_id, stored in found]
+    )
+    wanted: list[tuple[str, int, str]] = []  # (state id, seq, key), seqs in a row from count
+    for (state_id, stored), page in zip(found, pages, strict=True):
+        if isinstance(page, Exception):
+            layout.fail(page, layout.entries_prefix(state_id), "ListObjectsV2")
+        seq = stored.meta.count or 0
+        for item in page.get("Contents", ()):
+            parsed = layout.parse_entry_key(state_id, item["Key"])
+            if parsed != (stored.meta.generation, seq):
+                break
+            wanted.append((state_id, seq, item["Key"]))
+            seq += 1
+    heads = yield from layout.send([layout.head(key) for _, _, key in wanted])
+    seen: dict[str, dict[int, Fetched]] = {state_id: {} for state_id, _ in found}
+    for (state_id, seq, key), head in zip(wanted, heads, strict=True):
+        if isinstance(head, Exception):
+            if error_code(head) in NOT_FOUND_CODES:
+                continue  # removed since it was listed (an orphan cleared): the run ends there
+            layout.fail(head, key, "HeadObject")
+        metadata = head.get("Metadata", {})
+        seen[state_id][seq] = Fetched(
+            {},
+            metadata.get(BASE_META),
+            metadata.get(WRITER_META),
+            metadata.get(PENDING_META) == PENDING,
+            metadata.get(ALONE_META),
+        )
+    changed: dict[str, Any] = {}
+    for state_id, stored in found:
+        count = stored.meta.count or 0
+        entries = seen[state_id]
+        run = count
+        while run in entries:
+            run += 1
+        gap = committed(entries, count, run)
+        try:
+            snapshot = stored.snapshot
+            changed[state_id] = changed_snapshot(layout, state_id, stored, entries, gap, snapshot)
+        except CorruptStateError as e:
+            changed[state_id] = e
+    return changed
+
+
+def _after_count(layout: Layout, state_id: str, stored: StoredSnapshot) -> Call:
+    """A listing of the entries of the snapshot's generation from its count on."""
+    mine = f"{layout.entries_prefix(state_id)}{stored.meta.generation}/"
+    count = stored.meta.count or 0
+    if not count:
+        return layout.list_page(mine)
+    last = layout.entry_key(state_id, stored.meta.generation, count - 1)
+    return layout.list_page(mine, StartAfter=last)
 
 
 def _summary(layout: Layout, state_id: str, snapshot: dict[str, Any], key: str) -> Summary:

@@ -130,14 +130,21 @@ def encode(
     texts: Texts | None,
     what: str,
     used: set[str] | None = None,
+    entries: Sequence[Mapping[str, Any]] = (),
 ) -> bytes:
     """The snapshot object's body: its JSON, or for a snapshot with a model context, layout 2.
 
     The digests of the texts it refers to are added to ``used``. Raises what
     :func:`~alpineagents_s3._codec.dumps` raises for a value JSON cannot hold.
+
+    A snapshot without a context whose top-level value is a long text one of ``entries`` (the
+    save's, which the snapshot counts) holds, as the answer of a run that stopped with a reply
+    copies the reply, refers to it the same way: the reply is not sent twice.
     """
-    if snapshot is None or not has_context(snapshot):
+    if snapshot is None:
         return dumps(snapshot, what)
+    if not has_context(snapshot):
+        return _encode_copies(snapshot, entries, what)
     refs: list[list[Any]] = []
     kept: dict[str, Any] = {}
     found: set[str] = set()
@@ -152,6 +159,26 @@ def encode(
     if used is not None and refs:
         used.update(found)
     return compress(body)
+
+
+def _encode_copies(
+    snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], what: str
+) -> bytes:
+    """A snapshot without a context: its JSON, or its copies of ``entries``' texts referred to.
+
+    Only top-level values are looked at; with references the body is compressed, as a
+    snapshot with a context is.
+    """
+    long = [k for k, v in snapshot.items() if isinstance(v, str) and len(v) >= MIN_LENGTH]
+    if not long or not entries:
+        return dumps(snapshot, what)
+    where = Texts("").with_entries(entries).where
+    refs: list[list[Any]] = []
+    found: set[str] = set()
+    kept = {key: _swap(snapshot[key], (key,), where, refs, found) for key in long}
+    if not refs:
+        return dumps(snapshot, what)
+    return compress(dumps({FIELD: FORMAT, "refs": refs, "snapshot": {**snapshot, **kept}}, what))
 
 
 def compress(body: bytes) -> bytes:

@@ -45,6 +45,15 @@ class Version:
         landed: The count of the snapshot this store object last wrote or read: the entries
             below it are final, and may be packed and their objects removed, so a save that
             sends one of them again is checked against what is stored, not by its PUT.
+        layout: The layout of that snapshot (3: entries may be committed alone after it).
+        open: Whether that snapshot is open (layout 3: saves committed by their entry alone
+            may carry changes of it).
+        own: Whether that snapshot is this store object's own write (a create, a save, a
+            claim), not one it read: only then may a save commit by its entry alone.
+        tail: Entries this store object committed alone after that snapshot: seq -> digest of
+            the body (layout 3).
+        tail_writer: The writer of the entries committed alone after that snapshot, as this
+            store object knows them (``None``: none).
     """
 
     etag: str
@@ -56,6 +65,11 @@ class Version:
     unsure: frozenset[str] = frozenset()
     refused: bool = False
     landed: int = 0
+    layout: int = 1
+    open: bool = False
+    own: bool = False
+    tail: Mapping[int, str] = field(default_factory=dict)
+    tail_writer: str | None = None
 
     def wrote(self, generation: str, token: str | None) -> bool:
         """Whether a stored snapshot of ``generation`` and ``token`` is a PUT of this store object.
@@ -70,6 +84,37 @@ class Version:
         Nothing is unsure any more, and the ``count`` entries that snapshot counts are final.
         """
         return replace(self, etag=etag, unsure=frozenset(), landed=max(self.landed, count or 0))
+
+    def checkpoint(self, etag: str, count: int | None, open: bool) -> Version:
+        """The Version after a snapshot PUT of this store object (layout 3) landed as ``etag``.
+
+        It counts every entry stored so far: nothing is committed alone after it yet.
+        """
+        landed = self.landed_as(etag, count)
+        return replace(landed, layout=3, open=open, own=True, tail={}, tail_writer=None)
+
+
+@dataclass(frozen=True)
+class Effective:
+    """The snapshot a load would give after the entries a store object knows of (layout 3).
+
+    The stored snapshot with the changes of the entries committed alone after it applied:
+    what a save committing by its entry alone diffs its snapshot against. Valid for the
+    Version with the same ``etag``, ``generation`` and ``count``.
+    """
+
+    etag: str
+    generation: str
+    count: int | None
+    snapshot: dict[str, Any]
+
+    def of(self, version: Version) -> bool:
+        """Whether this is the effective snapshot of ``version``."""
+        return (self.etag, self.generation, self.count) == (
+            version.etag,
+            version.generation,
+            version.count,
+        )
 
 
 @dataclass(frozen=True)
@@ -88,6 +133,9 @@ class PendingCreate:
 # How many States' texts a store object keeps (``Ledger.know_texts``): each costs about 200 B
 # a long text of its snapshot's context; a save of one it forgot GETs the snapshot first.
 TEXT_STATES = 128
+# How many States' effective snapshots a store object keeps (``Ledger.know_effective``); a
+# save of one it forgot replaces the snapshot instead of committing by its entry alone.
+EFFECTIVE_STATES = 128
 
 
 @dataclass
@@ -100,8 +148,27 @@ class Ledger:
     # The long texts of each State's history its snapshots may refer to (``_refs``), for the
     # States this store object saved or read last (at most ``TEXT_STATES``).
     texts: dict[str, Texts] = field(default_factory=dict)
+    # The effective snapshot of each State (layout 3) for the States saved or read last.
+    effective: dict[str, Effective] = field(default_factory=dict)
+    # One lock per State: the saves of one State by this store object go one at a time, so
+    # the entries it commits alone are stored in seq order.
+    appends: LockRegistry = field(default_factory=LockRegistry)
     # Names this store object as the writer of the entries it stores.
     writer: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+    def know_effective(self, state_id: str, effective: Effective | None) -> None:
+        """Keep (or with ``None`` forget) a State's effective snapshot, a bounded number."""
+        self.effective.pop(state_id, None)
+        if effective is None:
+            return
+        self.effective[state_id] = effective
+        while len(self.effective) > EFFECTIVE_STATES:
+            del self.effective[next(iter(self.effective))]
+
+    def effective_of(self, state_id: str, version: Version) -> Effective | None:
+        """The State's effective snapshot if this store object knows it for ``version``."""
+        found = self.effective.get(state_id)
+        return found if found is not None and found.of(version) else None
 
     def know_texts(self, state_id: str, texts: Texts) -> None:
         """Keep ``texts`` for the State, forgetting those of the State least recently kept."""
@@ -136,6 +203,8 @@ class Ledger:
             self.versions[state_id] = replace(
                 held, gap=gap, orphans=orphans, count=count, landed=landed
             )
+            if count != held.count:  # entries no save of ours made: their changes unknown
+                self.know_effective(state_id, None)
         else:
             self.versions[state_id] = replace(read, gap=gap, orphans=orphans, floor=gap, count=gap)
 

@@ -18,19 +18,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from alpineagents_s3 import _refs
+from alpineagents_s3 import _contract, _refs
 from alpineagents_s3._codec import dumps, validate_id
 from alpineagents_s3._deleting import delete_keys
 from alpineagents_s3._entries import (
     Contested,
     check_base,
     clear_orphans,
+    committed_alone,
     put_entries,
     refused,
     second_writer,
@@ -47,11 +49,12 @@ from alpineagents_s3._layout import (
     new_generation,
     new_token,
 )
-from alpineagents_s3._reading import gather, get_snapshot, scan
+from alpineagents_s3._patches import NO_CHANGE, diff
+from alpineagents_s3._reading import gather, get_snapshot, read, scan
 from alpineagents_s3._refs import Texts, encode
 from alpineagents_s3._steps import Hold, Release, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
-from alpineagents_s3._versions import Ledger, PendingCreate, Version, first_seq
+from alpineagents_s3._versions import Effective, Ledger, PendingCreate, Version, first_seq
 from alpineagents_s3.errors import ConcurrentWriteError, StateExistsError
 
 logger = logging.getLogger("alpineagents_s3")
@@ -89,11 +92,13 @@ def write(
     texting = yield from _texts_for(layout, ledger, state_id, entries, snapshot, create)
     used: set[str] = set()
     what = f"the snapshot of {state_id!r}"
-    body = None if snapshot is None else encode(snapshot, texting.texts, what, used)
+    body = None if snapshot is None else encode(snapshot, texting.texts, what, used, entries)
     try:
-        yield from _write(layout, ledger, state_id, entries, bodies, body, create)
+        yield from _write(layout, ledger, state_id, entries, bodies, body, create, snapshot)
     except BaseException:
         _keep_final_texts(ledger, state_id)
+        # What the stored snapshot is after a failed save is unsure: the next save replaces it.
+        ledger.know_effective(state_id, None)
         raise
     _remember_texts(ledger, state_id, texting, snapshot, body is not None or create, used)
 
@@ -216,14 +221,31 @@ def _write(
     bodies: dict[int, bytes],
     body: bytes | None,
     create: bool,
+    snapshot: Mapping[str, Any] | None,
 ) -> Steps[None]:
-    """``write`` once each body is made."""
+    """``write`` once each body is made.
+
+    In layout 3 a save commits by its entries' PUTs alone, with no snapshot PUT and no check
+    after them, when it sends no snapshot (a tool result) or when it adds one entry to a
+    running State whose snapshot this store object wrote and the installed core's summary of
+    the State does not change but for ``updated_at`` (``_change_alone``). Any other save
+    (several entries, a change that stops or restarts the run, data alone, the first save
+    after a load) ends with a snapshot PUT, as does every ``CHECKPOINT_EVERY``-th entry.
+    """
     if create:
-        yield from _create(layout, ledger, state_id, entries, bodies, body or b"null")
+        yield from _create(layout, ledger, state_id, entries, bodies, body or b"null", snapshot)
         return
     # The first seq this copy of the State has not saved yet.
     first = first_seq(entries) if entries else None
     version = ledger.versions.get(state_id)
+    appends = ledger.appends.get(state_id)
+    locked = bool(entries) and version is not None and version.layout >= 3
+    if locked:
+        # What one store object commits alone of a State, it commits one save at a time, so
+        # its entries are stored in seq order (no one meets a hole among them). A save that
+        # ends with a snapshot PUT lets go of the lock once it knows it does.
+        yield Hold(appends)
+        version = ledger.versions.get(state_id)  # a save of ours may have ended meanwhile
     if version is None:
         version = yield from _first_write(layout, ledger, state_id, entries)
         if first is not None and first < version.floor:
@@ -245,9 +267,30 @@ def _write(
     if first is not None and first < version.landed:
         entries = yield from _already_final(layout, state_id, version.landed, entries, bodies)
         first = first_seq(entries) if entries else None
+    change = None
+    if version.layout >= 3 and entries:
+        if not locked:  # met for the first time in this write: layout 3, as it turns out
+            yield Hold(appends)
+            locked = True
+        # Entries this store object committed alone since the snapshot are stored already.
+        entries = [e for e in entries if version.tail.get(e["seq"]) != _digest(bodies[e["seq"]])]
+        first = first_seq(entries) if entries else None
+        if not entries and body is None:
+            yield Release(appends)
+            return
+        if entries and body is None:
+            change = NO_CHANGE
+            if not _continues_run(ledger, version, first):
+                version = yield from _adopt(layout, ledger, state_id, version)
+        elif entries:
+            change = _change_alone(ledger, state_id, version, entries, snapshot)
+    if locked and change is None:
+        yield Release(appends)
     rest = entries
     written: list[str] = []
-    mark = Mark(ledger.writer, pending=body is not None)
+    mark = Mark(ledger.writer, pending=body is not None and change is None)
+    if change is not None:
+        mark = replace(mark, change=NO_CHANGE)
     if first is not None and version.orphans and first == version.gap:
         lock = ledger.lock(state_id)
         yield Hold(lock)
@@ -259,6 +302,27 @@ def _write(
         yield Release(lock)
         rest = [entry for entry in entries if entry["seq"] not in stored]
         written += [layout.entry_key(state_id, version.generation, seq) for seq in stored]
+    if change is not None:
+        effective = ledger.effective_of(state_id, ledger.versions[state_id])
+        fresh = yield from _commit_alone(layout, ledger, state_id, rest, bodies, written, change)
+        if body is None and effective is not None:  # entries that change nothing of it
+            now = ledger.versions[state_id]
+            ledger.know_effective(state_id, replace(effective, etag=now.etag, count=now.count))
+        if body is not None and not fresh:
+            # Its entry was stored already, by an attempt of ours whose answer was lost: the
+            # change that carries may be another. The snapshot PUT says what holds.
+            ledger.know_effective(state_id, None)
+            tail = _tail_keys(layout, state_id, ledger.versions[state_id])
+            opens = _opens(state_id, snapshot)
+            yield from _replace_snapshot(layout, ledger, state_id, body, tail, opens=opens)
+            _know_effective(ledger, state_id, body)
+        elif body is not None:
+            now = ledger.versions[state_id]
+            copy = json.loads(body)  # the core may change its dicts in place after the save
+            ledger.know_effective(state_id, Effective(now.etag, now.generation, now.count, copy))
+        yield Release(appends)
+        logger.debug("committed %d entries of %s alone", len(entries), state_id)
+        return
     try:
         written += yield from put_entries(layout, state_id, version, rest, bodies, mark)
     except Contested as contest:
@@ -266,12 +330,17 @@ def _write(
         assert first is not None  # a write without entries meets no entry
         version = yield from _claim(layout, ledger, state_id, first, written)
         try:
-            written += yield from put_entries(layout, state_id, version, rest, bodies, mark)
+            written += yield from put_entries(
+                layout, state_id, version, rest, bodies, mark, claimed=True
+            )
         except Contested:  # a writer on the snapshot we claimed: one is a second writer
             raise refused(layout, state_id, version) from None
     ledger.stored(state_id, {entry["seq"] for entry in entries})
     if body is not None:
-        yield from _replace_snapshot(layout, ledger, state_id, body, written)
+        written += _tail_keys(layout, state_id, ledger.versions[state_id])
+        opens = _opens(state_id, snapshot)
+        yield from _replace_snapshot(layout, ledger, state_id, body, written, opens=opens)
+        _know_effective(ledger, state_id, body)
     elif entries:
         last = max(entry["seq"] for entry in entries)
         yield from _confirm(layout, ledger, state_id, version, written, last)
@@ -282,6 +351,173 @@ def _write(
         layout.url(layout.root),
         body is not None,
     )
+
+
+# A State's snapshot is replaced at least once every this many entries committed alone, so a
+# load applies few changes and ``pack`` (which packs what the snapshot counts) reaches them.
+CHECKPOINT_EVERY = 16
+
+
+def _digest(body: bytes) -> str:
+    return hashlib.blake2b(body, digest_size=16).hexdigest()
+
+
+def _tail_keys(layout: Layout, state_id: str, version: Version) -> list[str]:
+    """The keys of the entries this store object committed alone since its last snapshot."""
+    return [layout.entry_key(state_id, version.generation, seq) for seq in sorted(version.tail)]
+
+
+def _opens(state_id: str, snapshot: Mapping[str, Any] | None) -> bool:
+    """Whether a snapshot PUT of ``snapshot`` opens it to changes committed alone after it.
+
+    Only a running State's, whose snapshot holds no model context (alpineagents 0.2-0.4 keep
+    theirs there, and always replace it): ``list()`` reads the changes of open snapshots only.
+    """
+    if not isinstance(snapshot, dict) or _refs.has_context(snapshot):
+        return False
+    key = _contract.run_summary(state_id, snapshot)
+    return key is not None and _contract.running(key)
+
+
+def _know_effective(ledger: Ledger, state_id: str, body: bytes) -> None:
+    """After a snapshot PUT of ``body`` landed: it is the State's effective snapshot."""
+    version = ledger.versions.get(state_id)
+    snapshot = None
+    if version is not None and version.open and not _refs.compressed(body):
+        snapshot = json.loads(body)
+    if not isinstance(snapshot, dict) or version is None:
+        ledger.know_effective(state_id, None)
+        return
+    ledger.know_effective(
+        state_id, Effective(version.etag, version.generation, version.count, snapshot)
+    )
+
+
+def _change_alone(
+    ledger: Ledger,
+    state_id: str,
+    version: Version,
+    entries: Sequence[dict[str, Any]],
+    snapshot: Mapping[str, Any] | None,
+) -> str | None:
+    """The change of the snapshot a save commits alone with, or ``None``: it replaces it.
+
+    One new entry, right after those stored; the stored snapshot this store object's own and
+    open, with no one else's entries after it and fewer than ``CHECKPOINT_EVERY`` of its own;
+    nothing unsure or orphaned; a change that leaves the core's summary of the State as it
+    was but for ``updated_at`` (a run that stops or restarts replaces the snapshot, so that
+    ``list()`` reads it there), small enough for the entry's metadata.
+    """
+    if len(entries) != 1 or not isinstance(snapshot, dict) or version.count is None:
+        return None
+    if not (version.own and version.open) or version.unsure or version.orphans:
+        return None
+    if entries[0]["seq"] != version.count or len(version.tail) >= CHECKPOINT_EVERY:
+        return None
+    if version.tail_writer not in (None, ledger.writer) or _refs.has_context(snapshot):
+        return None
+    effective = ledger.effective_of(state_id, version)
+    if effective is None:
+        return None
+    before = _contract.run_summary(state_id, effective.snapshot)
+    if before is None or before != _contract.run_summary(state_id, snapshot):
+        return None
+    return diff(effective.snapshot, snapshot)
+
+
+def _continues_run(ledger: Ledger, version: Version, first: int | None) -> bool:
+    """Whether entries committed alone from seq ``first`` on continue the run loads read.
+
+    Loads read, after the snapshot's count, one writer's entries committed alone in a row.
+    """
+    if first is None or first == version.landed:
+        return True
+    return version.tail_writer == ledger.writer
+
+
+def _commit_alone(
+    layout: Layout,
+    ledger: Ledger,
+    state_id: str,
+    entries: Sequence[dict[str, Any]],
+    bodies: Mapping[int, bytes],
+    written: list[str],
+    change: str,
+) -> Steps[bool]:
+    """PUT each entry with ``If-None-Match: *``, one after another: the save is then done.
+
+    No snapshot PUT and no check follow: an entry committed alone is the State's as soon as
+    it is stored (``_reading.committed``); a second writer is refused at the seq it contends
+    for, or when it next replaces the snapshot. The last entry carries ``change``, the others
+    no change. Returns whether this save stored every entry (``False``: one was there
+    already, ours). ``written`` gets the keys stored.
+    """
+    fresh = True
+    ordered = sorted(entries, key=lambda entry: int(entry["seq"]))
+    for n, entry in enumerate(ordered):
+        seq = int(entry["seq"])
+        mark = Mark(ledger.writer, pending=False, change=NO_CHANGE)
+        if n == len(ordered) - 1:
+            mark = replace(mark, change=change)
+        version = ledger.versions[state_id]
+        try:
+            keys = yield from put_entries(layout, state_id, version, [entry], bodies, mark)
+        except Contested as contest:
+            logger.info("%s holds an entry of another writer: claiming", contest)
+            mine = written + _tail_keys(layout, state_id, version)
+            version = yield from _claim(layout, ledger, state_id, seq, mine)
+            try:
+                keys = yield from put_entries(
+                    layout, state_id, version, [entry], bodies, mark, claimed=True
+                )
+            except Contested:
+                raise refused(layout, state_id, version) from None
+        fresh = fresh and bool(keys)
+        written += keys
+        ledger.stored(state_id, {seq})
+        now = ledger.versions[state_id]
+        ledger.versions[state_id] = replace(
+            now, tail={**now.tail, seq: _digest(bodies[seq])}, tail_writer=ledger.writer
+        )
+    return fresh
+
+
+def _adopt(layout: Layout, ledger: Ledger, state_id: str, version: Version) -> Steps[Version]:
+    """Make the stored snapshot count the entries another writer committed alone after it.
+
+    Before this store object commits entries alone after them (loads read one writer's in a
+    row after the count): a snapshot PUT with ``If-Match``, of the snapshot with their changes
+    (the same JSON when they carry none), counting every entry this store object's copy holds.
+    Refused if another writer saved since. The State is read first if this store object does
+    not know those changes.
+    """
+    effective = ledger.effective_of(state_id, version)
+    got = yield from get_snapshot(layout, state_id, "GetObject (before committing alone)")
+    if got is None:
+        ledger.versions.pop(state_id, None)
+        raise layout.not_found(state_id, ": it was deleted since this store object read it")
+    if (got.etag, got.meta.generation) != (version.etag, version.generation):
+        raise refused(layout, state_id, version)
+    if got.snapshot is None or _refs.has_context(got.snapshot) or got.meta.layout < 3:
+        body = claim_body(got.body)  # no entry after it carries a change
+    else:
+        if effective is None:
+            yield from read(layout, ledger, state_id)
+            now = ledger.versions.get(state_id)
+            if now is None or (now.etag, now.count) != (version.etag, version.count):
+                raise refused(layout, state_id, version)
+            effective = ledger.effective_of(state_id, now)
+        if effective is None:
+            raise refused(layout, state_id, version)
+        body = claim_body(dumps(effective.snapshot, f"the snapshot of {state_id!r}"))
+    tail = _tail_keys(layout, state_id, version)
+    yield from _replace_snapshot(layout, ledger, state_id, body, tail, opens=got.meta.open)
+    _know_effective(ledger, state_id, body)
+    logger.info(
+        "%s counts the entries committed alone after it now",
+        layout.url(layout.snapshot_key(state_id)),
+    )
+    return ledger.versions[state_id]
 
 
 def _already_final(
@@ -337,7 +573,14 @@ def _first_write(
     stored = layout.stored_snapshot(state_id, outcome)
     if stored.refs:  # this save's snapshot was made without them; the next may refer to them
         ledger.know_texts(state_id, _referred(stored))
-    version = Version(stored.etag, stored.meta.generation, count=stored.meta.count)
+    version = Version(
+        stored.etag,
+        stored.meta.generation,
+        count=stored.meta.count,
+        landed=stored.meta.count or 0,
+        layout=stored.meta.layout,
+        open=stored.meta.open,
+    )
     if entries:
         # The State was loaded through another store object: its copy has every seq below its
         # first unsaved one. A gap right there means orphans may follow.
@@ -466,18 +709,26 @@ def _claim(
         # At our first seq, an entry saved alone on this snapshot by another writer (a tool
         # result, since our load) that loads read: this copy is behind.
         raise second_writer(layout, state_id, there, first)
-    claimed = replace(version, count=first)
+    # In layout 3 the claim counts what the snapshot counted: the entries committed alone
+    # after it carry changes of it, which a load applies only after its count.
+    three = current.meta.layout >= 3
+    claimed = replace(version, count=current.meta.count if three else first)
+    effective = ledger.effective_of(state_id, version)
     ledger.versions[state_id] = claimed
     try:
         body = claim_body(current.body)
         claim = (version.etag, ledger.writer)
-        yield from _replace_snapshot(layout, ledger, state_id, body, written, claim)
+        opens = current.meta.open
+        yield from _replace_snapshot(layout, ledger, state_id, body, written, claim, opens=opens)
     finally:
         after = ledger.versions.get(state_id)
         if after is not None:
             ledger.versions[state_id] = replace(after, count=max(version.count or 0, first))
+    now = ledger.versions[state_id]
+    if effective is not None and now.count == version.count:  # the same JSON, a new ETag
+        ledger.know_effective(state_id, replace(effective, etag=now.etag))
     logger.info("claimed %s to replace entries of another writer", layout.snapshot_key(state_id))
-    return ledger.versions[state_id]
+    return now
 
 
 def _read_there(
@@ -495,7 +746,10 @@ def _read_there(
     """
     metadata = head.get("Metadata", {})
     writer = metadata.get(WRITER_META)
-    alone = metadata.get(BASE_META) == current.etag and PENDING_META not in metadata
+    if current.meta.layout >= 3:  # committed alone, on whatever snapshot (``committed``)
+        alone = committed_alone(metadata)
+    else:
+        alone = metadata.get(BASE_META) == current.etag and PENDING_META not in metadata
     if not alone or writer in (None, ledger.writer):
         return False
     count = current.meta.count
@@ -538,6 +792,7 @@ def _create(
     entries: Sequence[dict[str, Any]],
     bodies: Mapping[int, bytes],
     body: bytes,
+    snapshot: Mapping[str, Any] | None,
 ) -> Steps[None]:
     """Entries under a new generation, then the snapshot with ``If-None-Match: *``.
 
@@ -561,11 +816,15 @@ def _create(
     tokens = (pending.tokens if pending else frozenset()) | {token}
     ledger.pending_creates[state_id] = PendingCreate(generation, tokens)
     count = len(entries)
-    put = layout.snapshot_put(state_id, body, generation, token, count, IfNoneMatch="*")
+    opens = _opens(state_id, snapshot)
+    put = layout.snapshot_put(state_id, body, generation, token, count, open=opens, IfNoneMatch="*")
     (outcome,) = yield from layout.send([put])
     if not isinstance(outcome, Exception):
         del ledger.pending_creates[state_id]
-        ledger.versions[state_id] = Version(outcome["ETag"], generation, count=count)
+        ledger.versions[state_id] = Version(outcome["ETag"], generation, count=count).checkpoint(
+            outcome["ETag"], count, opens
+        )
+        _know_effective(ledger, state_id, body)
         logger.debug("created %s with %d entries at %s", state_id, count, layout.url(key))
         return
     if error_code(outcome) not in PRECONDITION_CODES:
@@ -581,10 +840,13 @@ def _create(
             moved = yield from put_entries(layout, state_id, there, entries, bodies, mark)
             yield from delete_keys(layout, written, required=False)
             written = moved
-        ledger.versions[state_id] = Version(current.etag, landed, count=count)
+        ledger.versions[state_id] = Version(current.etag, landed, count=count).checkpoint(
+            current.etag, count, current.meta.open
+        )
         logger.debug("%s was created by an earlier attempt of this write", layout.url(key))
         if current.body != body:
-            yield from _replace_snapshot(layout, ledger, state_id, body, written)
+            yield from _replace_snapshot(layout, ledger, state_id, body, written, opens=opens)
+        _know_effective(ledger, state_id, body)
         del ledger.pending_creates[state_id]
         return
     ledger.pending_creates.pop(state_id, None)
@@ -602,13 +864,17 @@ def _replace_snapshot(
     body: bytes,
     written: list[str],
     claim: tuple[str, str] | None = None,
+    *,
+    opens: bool,
 ) -> Steps[None]:
     """PUT the snapshot with ``If-Match`` on the ETag this store object last wrote or read.
 
     A 412 is a second writer, unless the snapshot found carries the token of one of our own PUTs
     whose answer was lost (botocore retried it, or an earlier save raised): then it is ours, and
     the PUT is made again on its ETag. If the State was deleted meanwhile, the entries this save
-    ``written`` are removed (no one else writes under its generation).
+    ``written`` are removed (no one else writes under its generation). ``opens``: entries may
+    be committed alone after it, with changes of it (``_opens``). A snapshot that is not a
+    claim counts every entry stored: it is a checkpoint (``Version.checkpoint``).
     """
     key = layout.snapshot_key(state_id)
     gone = f": {layout.url(key)} was deleted since this store object last saved it"
@@ -617,7 +883,14 @@ def _replace_snapshot(
         version = ledger.versions[state_id]
         token = new_token()
         put = layout.snapshot_put(
-            state_id, body, version.generation, token, version.count, claim, IfMatch=version.etag
+            state_id,
+            body,
+            version.generation,
+            token,
+            version.count,
+            claim,
+            open=opens,
+            IfMatch=version.etag,
         )
         # Its token is ours before it is sent: if the save is cut short while S3 applies it (a
         # SystemExit from SIGTERM, a cancellation), the next save recognises it; so does the
@@ -628,7 +901,7 @@ def _replace_snapshot(
             ledger.pending_creates[state_id] = replace(pending, tokens=pending.tokens | {token})
         (outcome,) = yield from layout.send([put])
         if not isinstance(outcome, Exception):
-            ledger.versions[state_id] = version.landed_as(outcome["ETag"], version.count)
+            ledger.versions[state_id] = _landed(version, outcome["ETag"], claim, opens)
             return
         code = error_code(outcome)
         if code not in NOT_FOUND_CODES and code not in PRECONDITION_CODES:
@@ -647,6 +920,14 @@ def _replace_snapshot(
         # Our own write, whose answer was lost.
         ledger.versions[state_id] = version.landed_as(current.etag, current.meta.count)
         if current.body == body:
+            ledger.versions[state_id] = _landed(version, current.etag, claim, opens)
             return
     # Keep the old version: every later write of this State here is refused too.
     raise refused(layout, state_id, version)
+
+
+def _landed(version: Version, etag: str, claim: tuple[str, str] | None, opens: bool) -> Version:
+    """The Version once a snapshot PUT of ours landed: a claim, or a checkpoint."""
+    if claim is not None:
+        return replace(version.landed_as(etag, version.count), open=opens)
+    return version.checkpoint(etag, version.count, opens)

@@ -155,14 +155,30 @@ def save(store: S3Store, state: Any, mode: str) -> None:
 
 
 def saved_by_the_core(
-    store: S3Store, mode: str, state_id: str, task: str, *, messages: int, size: int
+    make_store: MakeStore,
+    store: S3Store,
+    mode: str,
+    state_id: str,
+    task: str,
+    *,
+    messages: int,
+    size: int,
 ) -> Any:
-    """A State the core saved, then saved again after each of ``messages`` messages."""
+    """A State the core saved, then saved again after each of ``messages`` messages.
+
+    The last message is saved by another store object, which loads the State first: its
+    save replaces the snapshot, which then counts every entry. (The saves of one message
+    before it may commit by their entry alone; ``pack`` packs what the snapshot counts.)
+    """
     state = new_state(state_id, task)
     save(store, state, mode)
-    for n in range(messages):
+    for n in range(messages - 1):
         add_message(state, f"message {n}: " + "\u00e9" * size)
         save(store, state, mode)
+    other = make_store()
+    state = call(other, mode, "load", state_id)
+    add_message(state, f"message {messages - 1}: " + "\u00e9" * size)
+    save(other, state, mode)
     return state
 
 
@@ -170,7 +186,7 @@ def test_a_state_the_core_saved_loads_the_same_packed_and_saves_on(
     make_store: MakeStore, mode: str, remove_entries: bool
 ) -> None:
     store = make_store()
-    state = saved_by_the_core(store, mode, "core", "pack me", messages=6, size=200)
+    state = saved_by_the_core(make_store, store, mode, "core", "pack me", messages=6, size=200)
     before = call(make_store(), mode, "load", "core")
     record = call(make_store(), mode, "read", "core")
     assert len(before.history) == len(state.history) == len(record.entries)
@@ -206,7 +222,9 @@ def test_a_load_through_an_auto_pack_store_packs_what_the_core_saved(
     make_store: MakeStore, mode: str
 ) -> None:
     store = make_store()
-    saved_by_the_core(store, mode, "auto", "pack me as you load me", messages=8, size=100)
+    saved_by_the_core(
+        make_store, store, mode, "auto", "pack me as you load me", messages=8, size=100
+    )
     record = call(make_store(), mode, "read", "auto")
     before = call(make_store(), mode, "load", "auto")
     assert "segment" not in entry_kinds(store, "auto")

@@ -79,7 +79,7 @@ async def test_an_object_of_a_newer_layout_is_refused_naming_it(
     metadata = moto.head_object(Bucket=bucket, Key=key)["Metadata"]
     body = moto.get_object(Bucket=bucket, Key=key)["Body"].read()
     moto.put_object(
-        Bucket=bucket, Key=key, Body=body, Metadata={**metadata, "alpineagents-layout": "3"}
+        Bucket=bucket, Key=key, Body=body, Metadata={**metadata, "alpineagents-layout": "4"}
     )
 
     with pytest.raises(SchemaVersionError, match="upgrade alpineagents-s3") as raised:

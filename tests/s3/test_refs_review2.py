@@ -290,7 +290,7 @@ async def test_holds_a_failed_save_after_a_claim_keeps_what_the_claimed_snapshot
     agents = stores.io(mode, event_hooks={"before-call.s3.PutObject": refuse})
     more = history + entries(4, 8)
     await agents.write("clm", more[4:6], None)  # claims (gzip), then fills 4-5, removes 6
-    assert stored(stores, "clm")[0][LAYOUT_META] == "2"
+    assert stored(stores, "clm")[0][LAYOUT_META] == "3"
     flag["on"] = True
     with pytest.raises(Exception, match=ERROR_500):
         await agents.write("clm", more[6:], snapshot_of(more))
@@ -367,7 +367,7 @@ async def test_holds_transfer_copies_and_moves_a_state_with_references(stores: S
     (again,) = await asyncio.to_thread(copy_states, src, dst, ["tr"])
     assert again.action == "identical"
     got = raw_client(stores.url).get_object(Bucket=dst.bucket, Key="runs/tr/snapshot.json")
-    assert got["Metadata"][LAYOUT_META] == "2"
+    assert got["Metadata"][LAYOUT_META] == "3"
     assert LONG_JSON not in gzip.decompress(got["Body"].read())
     (moved,) = await asyncio.to_thread(move_states, src, dst, ["tr"])
     assert moved.action == "identical" and moved.removed

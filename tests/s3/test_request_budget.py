@@ -40,7 +40,7 @@ async def counted(log: RequestLog, operation: Awaitable[Any]) -> Counter[str]:
     return log.counts()
 
 
-async def test_the_steady_state_write_path_sends_no_get_list_or_head_but_one_check(
+async def test_the_steady_state_write_path_sends_no_get_list_or_head(
     mode: Mode, stores: Stores
 ) -> None:
     log = RequestLog()
@@ -54,13 +54,44 @@ async def test_the_steady_state_write_path_sends_no_get_list_or_head_but_one_che
     assert await counted(log, io.save(state)) == {"PUT": 1}  # the snapshot alone
     tool_turn(state, 2)
     result = state.history.pop()  # a model response, then its tool result saved alone
-    assert await counted(log, io.save(state)) == {"PUT": 2}
+    state.data["step"] = 2
+    assert await counted(log, io.save(state)) == {"PUT": 1}  # committed alone, data with it
     state.history.append(result)
     if mode == "async":
         alone = _saving.asave(io.store, state, entries_only=True)
     else:
         alone = asyncio.to_thread(_saving.save, io.store, state, entries_only=True)
-    assert await counted(log, alone) == {"PUT": 1, "HEAD": 1}  # the entry, then the check
+    assert await counted(log, alone) == {"PUT": 1}  # the entry: no check
+    assert await counted(log, io.save(state)) == {}  # the snapshot only counted the result
+    state._stop("reply", "done")
+    assert await counted(log, io.save(state)) == {"PUT": 1}  # the stop: the snapshot
+    loaded = await stores.io(mode).load("steady")
+    assert loaded.history == state.history and loaded.data == {"step": 2}
+    assert loaded.stopped_by == "reply"
+
+
+async def test_a_snapshot_is_written_at_least_every_16_entries_committed_alone(
+    mode: Mode, stores: Stores
+) -> None:
+    log = RequestLog()
+    io = stores.io(mode, event_hooks=log.hooks)
+    state = State("budget", id="checkpoints")
+    await io.save(state)
+    puts = []
+    for n in range(20):
+        tool_turn(state, n)
+        result = state.history.pop()
+        puts.append((await counted(log, io.save(state)))["PUT"])
+        state.history.append(result)
+        if mode == "async":
+            await _saving.asave(io.store, state, entries_only=True)
+        else:
+            await asyncio.to_thread(_saving.save, io.store, state, entries_only=True)
+    # 1 PUT a response while fewer than 16 entries were committed alone since the snapshot;
+    # then the response's entry and the snapshot.
+    assert puts == [1] * 8 + [2] + [1] * 8 + [2] + [1] * 2
+    loaded = await stores.io(mode).load("checkpoints")
+    assert loaded.history == state.history
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +137,19 @@ async def test_list_delete_and_a_first_write_cost_what_the_docs_say(
         stores.new().save(with_history(f"listed-{n}", 1))
     log = RequestLog()
     io = stores.io(mode, event_hooks=log.hooks)
-    assert await counted(log, io.list()) == {"LIST": 1, "GET": 3}
+    # The State folders, their snapshots; for each running State, the entries after its
+    # snapshot's count (none here), whose changes a save committed alone would carry.
+    assert await counted(log, io.list()) == {"LIST": 4, "GET": 3}
+    other = stores.io(mode)
+    for n in range(3):
+        stopped = await other.load(f"listed-{n}")
+        stopped._stop("reply", "done")
+        await other.save(stopped)
+    assert await counted(log, io.list()) == {"LIST": 1, "GET": 3}  # none running
     assert await counted(log, io.delete("listed-0")) == {"HEAD": 1, "DELETE": 2, "LIST": 1}
     # A store object that never read the State: the snapshot and the listing, in one round.
     state = stores.new().load("listed-1")
+    state._restart()
     tool_turn(state, 9)
     assert await counted(log, io.save(state)) == {"GET": 1, "LIST": 1, "PUT": 3}
 

@@ -163,8 +163,10 @@ def test_a_save_cut_short_by_system_exit_after_s3_applied_it_is_recognised(
     state = State("task", id="cut-short")
     store.save(state)
     state.add_user_message("hello")
-    armed.extend([1, 0])  # the entry's PUT returns; the snapshot's answer is cut short
+    state.add_user_message("again")  # two entries: the save ends with a snapshot PUT
+    armed.extend([1, 0, 0])  # the entries' PUTs return; the snapshot's answer is cut short
     with pytest.raises(SystemExit):
         store.save(state)
     assert store.save(state) is True  # no ConcurrentWriteError
-    assert [e.text for e in stores.new().load("cut-short").history] == ["task", "hello"]
+    texts = [e.text for e in stores.new().load("cut-short").history]
+    assert texts == ["task", "hello", "again"]

@@ -1,0 +1,95 @@
+"""Saves that commit by their entry alone (layout 3), their process SIGKILLed at each request.
+
+tests/s3/_alone_child.py makes the saves of a run through this repository's core: a create, a
+model response committed alone, its result saved alone, a change of ``data`` carried by the next
+response's entry, that result, and the reply that stops the run (a snapshot PUT). It kills
+itself at its k-th request, before it is sent or once its answer came back, for every k. After
+each kill a new process must read what some save left whole (never half of one, never less
+than the last save that returned): the history, ``data`` and the stop as they were after that
+save. It then makes the saves that are left, and the State reads whole.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alpineagents import State
+from alpineagents._resume import UNKNOWN_RESULT
+from tests.helpers import Mode
+from tests.s3._alone_child import build, steps
+from tests.s3.helpers import Stores, load, save
+
+pytestmark = [pytest.mark.slow, pytest.mark.crash]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = [sys.executable, "-m", "tests.s3._alone_child"]
+# The create (its entry, the snapshot), four saves of one PUT each, the reply (its entry, the
+# snapshot): checked below, so a change of the protocol's count shows.
+REQUESTS = 8
+
+
+def child(stores: Stores, state_id: str, mode: Mode, event: str, k: int) -> list[int]:
+    done = subprocess.run(
+        [*CHILD, stores.url, stores.bucket, state_id, mode, event, str(k)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if k:
+        assert done.returncode == -9, (done.returncode, done.stderr)
+    else:
+        assert done.returncode == 0, done.stderr
+    return [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("saved")]
+
+
+def shape(state: State) -> tuple[list[tuple[str, str]], dict[str, object], str | None]:
+    return [(e.kind, e.text) for e in state.history], state.data, state.stopped_by
+
+
+@pytest.mark.parametrize("event", ["before-send", "after-call"])
+async def test_a_kill_at_any_request_leaves_what_a_save_left_and_the_run_goes_on(
+    mode: Mode, stores: Stores, event: str
+) -> None:
+    unkilled = subprocess.run(  # noqa: ASYNC221 - the test waits for its child alone
+        [*CHILD, stores.url, stores.bucket, "whole", mode, event, "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    expected = [f"saved {n}" for n in range(1, 7)] + [f"requests {REQUESTS}"]
+    assert unkilled.stdout.splitlines() == expected, unkilled.stdout
+    whole = build(len(steps()))
+    for k in range(1, REQUESTS + 1):
+        state_id = f"k{k}"
+        returned = child(stores, state_id, mode, event, k)
+        reader = stores.new()
+        record = await reader.aread(state_id)
+        if record is None:
+            assert returned == [], (k, returned)
+            continue
+        n = len(record.entries)
+        assert n >= max(returned, default=0), (k, n, returned)
+        built = build(n)
+        assert [(e["kind"], e["text"]) for e in record.entries] == shape(built)[0], (k, n)
+        assert (record.snapshot["data"], record.snapshot["stopped_by"]) == shape(built)[1:], k
+
+        # Another process loads it (a call without its result gets "(unknown: ...)"), makes
+        # the saves that are left, and the State reads whole.
+        loaded = await load(reader, mode, state_id)
+        expected = shape(whole)[0]
+        if len(loaded.history) > n:
+            assert loaded.history[n].text == UNKNOWN_RESULT, k
+            expected[n] = ("tool_result", UNKNOWN_RESULT)
+        for add, _ in steps()[len(loaded.history) :]:
+            add(loaded)
+            await save(reader, mode, loaded)
+        again = await load(stores.new(), mode, state_id)
+        assert shape(again) == (expected, *shape(whole)[1:]), k
+        assert [e.seq for e in again.history] == list(range(len(whole.history)))
