@@ -32,7 +32,9 @@ server and proxy; the table says "not installed" without that virtualenv.
 Below the table: requests and bytes sent per tool-using turn (user message, model call, tool
 result, model reply) of a real ``Agent`` run with ``FunctionModel`` and one tool, counted
 by botocore event hooks (for FileStore: the bytes it was given to write), after a first turn
-that creates the State, next to the bytes of the history entries the turn added.
+that creates the State, next to the bytes of the history entries the turn added (as compact
+JSON); and the user metadata the requests sent (``x-amz-meta-`` names and values: S3Store's
+keep the writer, the snapshot an entry was saved on, and the changes entries commit alone).
 """
 
 from __future__ import annotations
@@ -447,6 +449,7 @@ class TurnFigures:
     sent: float
     entries: float | None  # bytes of the history entries the turn added
     note: str = ""
+    metadata: float | None = None  # user metadata sent (x-amz-meta- names and values)
 
 
 def query(q: int) -> str:
@@ -477,12 +480,23 @@ def turns_of(bench: Bench, variant: Variant, turns: int) -> TurnFigures:
     for k in range(turns):
         state.add_user_message(f"And the numbers of quarter {k}?")
         agent.run(state)
-    added = sum(len(json.dumps(entry_to_dict(e)).encode()) for e in state.history[first:])
+    # The entries' bytes as compact JSON, as a store writes them (no spaces after separators).
+    compact = {"separators": (",", ":"), "ensure_ascii": False}
+    added = sum(
+        len(json.dumps(entry_to_dict(e), **compact).encode()) for e in state.history[first:]
+    )
     if isinstance(store, CountingFileStore):
         return TurnFigures(variant.name, {}, store.written / turns, added / turns)
     counts = bench.meter.log.counts()
     per_turn = {k: v / turns for k, v in counts.items()}
-    return TurnFigures(variant.name, per_turn, bench.meter.log.sent_bytes() / turns, added / turns)
+    log = bench.meter.log
+    return TurnFigures(
+        variant.name,
+        per_turn,
+        log.sent_bytes() / turns,
+        added / turns,
+        metadata=log.sent_metadata_bytes() / turns,
+    )
 
 
 def peer_turns(bench: Bench, turns: int) -> TurnFigures:
@@ -491,7 +505,7 @@ def peer_turns(bench: Bench, turns: int) -> TurnFigures:
         return TurnFigures(name, {}, 0, None, bench.no_peer)
     extra = ["--session", "peer-turns", "--turns", str(turns)]
     got = run_peer(bench.peer, "turns", bench.proxy, *extra)
-    return TurnFigures(name, got["requests"], got["sent"], None, "")
+    return TurnFigures(name, got["requests"], got["sent"], None, "", got.get("metadata"))
 
 
 # Printing -------------------------------------------------------------------------------
@@ -523,8 +537,8 @@ def fmt_bytes(size: float | None) -> str:
     return f"{size:.0f} B"
 
 
-def ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or not b else f"{a / b:.1f}x"
+def ratio(a: float | None, b: float | None, digits: int = 1) -> str:
+    return "-" if a is None or not b else f"{a / b:.{digits}f}x"
 
 
 def table(rows: list[Row], delay: float, json_sizes: Mapping[int, int]) -> list[str]:
@@ -572,19 +586,30 @@ def table(rows: list[Row], delay: float, json_sizes: Mapping[int, int]) -> list[
 
 
 def turn_table(figures: list[TurnFigures]) -> list[str]:
-    head = ["store", "requests per turn", "bytes sent per turn", "entry bytes", "sent/entries"]
+    head = [
+        "store",
+        "requests per turn",
+        "bytes sent per turn",
+        "entry bytes",
+        "sent/entries",
+        "+ metadata",
+        "(sent + metadata)/entries",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in figures:
         if f.note:
-            cells = [f.store, f.note, "-", "-", "-"]
+            cells = [f.store, f.note] + ["-"] * 5
         else:
             written = " (written to files)" if not f.requests else ""
+            both = None if f.metadata is None else f.sent + f.metadata
             cells = [
                 f.store,
                 fmt_counts(f.requests),
                 fmt_bytes(f.sent) + written,
                 fmt_bytes(f.entries),
-                ratio(f.sent, f.entries),
+                ratio(f.sent, f.entries, 2),
+                "-" if f.metadata is None else fmt_bytes(f.metadata),
+                "-" if both is None else ratio(both, f.entries, 2),
             ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -58,6 +58,7 @@ class Meter:
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
         self.sent = 0
+        self.metadata = 0  # user metadata sent: x-amz-meta- names (without it) and values
         self.read = 0
         self._lock = threading.Lock()
 
@@ -70,9 +71,16 @@ class Meter:
         body = request.body
         size = len(body) if isinstance(body, bytes | bytearray | str) else 0
         length = request.headers.get("Content-Length")
+        metadata = 0
+        for name, value in request.headers.items():
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            if name.lower().startswith("x-amz-meta-"):
+                text = value.decode() if isinstance(value, bytes) else str(value)
+                metadata += len(name) - len("x-amz-meta-") + len(text.encode())
         with self._lock:
             self.requests[KINDS.get(operation, str(request.method))] += 1
             self.sent += int(length) if length is not None else size
+            self.metadata += metadata
 
     def _after_call(self, http_response: Any, **kwargs: Any) -> None:
         length = http_response.headers.get("content-length")
@@ -82,7 +90,7 @@ class Meter:
     def clear(self) -> None:
         with self._lock:
             self.requests.clear()
-            self.sent = self.read = 0
+            self.sent = self.read = self.metadata = 0
 
 
 class OpenClient:
@@ -251,6 +259,7 @@ def turns(args: argparse.Namespace) -> dict[str, Any]:
         "turns": args.turns,
         "requests": {k: v / args.turns for k, v in meter.requests.items()},
         "sent": meter.sent / args.turns,
+        "metadata": meter.metadata / args.turns,
         "messages": len(agent.messages),
     }
 
