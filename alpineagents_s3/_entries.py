@@ -323,7 +323,9 @@ def _settle_taken(
                 layout.fail(outcome, keys[i], "PutObject", f"If-Match: {stale[i]}")
         if not changed:
             return replaced
-        stale = yield from _still_stale(layout, state_id, version, seqs, keys, bodies, changed)
+        stale = yield from _still_stale(
+            layout, state_id, version, seqs, keys, bodies, changed, mark.writer
+        )
         if not stale:
             return replaced
     raise second_writer(layout, state_id, keys[next(iter(stale))], seqs[next(iter(stale))])
@@ -342,6 +344,7 @@ def _still_stale(
     keys: Sequence[str],
     bodies: Mapping[int, bytes],
     changed: Sequence[int],
+    writer: str,
 ) -> Steps[dict[int, str]]:
     """Read again entries that changed before they could be replaced: which to replace now.
 
@@ -356,8 +359,12 @@ def _still_stale(
             if error_code(outcome) in NOT_FOUND_CODES:
                 raise second_writer(layout, state_id, keys[i], seqs[i])
             layout.fail(outcome, keys[i], "GetObject (an entry to replace)")
-        base = outcome.get("Metadata", {}).get(BASE_META)
-        if base == version.etag and _same(layout, outcome["Body"], bodies, seqs[i], keys[i]):
+        metadata = outcome.get("Metadata", {})
+        base = metadata.get(BASE_META)
+        ours = base == version.etag or (
+            committed_alone(metadata) and metadata.get(WRITER_META) == writer
+        )
+        if ours and _same(layout, outcome["Body"], bodies, seqs[i], keys[i]):
             continue  # ours, whose answer was lost
         if base in (None, version.etag):
             raise second_writer(layout, state_id, keys[i], seqs[i])

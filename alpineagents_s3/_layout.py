@@ -92,8 +92,8 @@ def new_generation() -> str:
 
 
 def new_token() -> str:
-    """A random token naming one snapshot PUT."""
-    return uuid.uuid4().hex
+    """A random token naming one snapshot PUT (64 bits: metadata is sent with every PUT)."""
+    return secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,14 @@ class Mark:
     change: str | None = None
 
     def metadata(self, base: str) -> dict[str, str]:
-        """The entry's metadata, on top of the snapshot ``base``."""
-        metadata = {BASE_META: base, WRITER_META: self.writer}
+        """The entry's metadata, on top of the snapshot ``base``.
+
+        An entry committed alone carries no base (loads read it whatever snapshot it was saved
+        on), unless it is that of a refused save.
+        """
+        metadata = {WRITER_META: self.writer}
+        if self.change is None or self.pending or base == REFUSED_BASE:
+            metadata[BASE_META] = base
         if self.pending:
             metadata[PENDING_META] = PENDING
         elif self.change is not None:
