@@ -241,7 +241,9 @@ def _settle_taken(
                 logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
         elif metadata.get(BASE_META) not in (None, version.etag):
             other_base[i] = (outcome["ETag"], same)
-        elif same:
+        elif same and (mark.change is None or writer in (None, mark.writer)):
+            # (Another writer's entry, the same, pending: a save committing alone does not
+            # take it for stored, since loads do not read it.)
             logger.debug("entry %s of %s is stored already: skipped", keys[i], state_id)
         elif metadata.get(PENDING_META) == PENDING:
             contested.append(i)

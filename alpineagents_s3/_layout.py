@@ -265,8 +265,15 @@ class Layout:
         mark: Mark,
         **conditions: Any,
     ) -> Call:
-        """An entry PUT: its metadata names the snapshot its writer worked from, and the writer."""
+        """An entry PUT: its metadata names the snapshot its writer worked from, and the writer.
+
+        A PUT that replaces an entry (``IfMatch``) writes bytes no PUT had before (the same
+        JSON, a random tail of whitespace): S3's ETag is the MD5 of the body, so a writer that
+        read the entry before this replacement can no longer replace it in turn.
+        """
         key = self.entry_key(state_id, generation, seq)
+        if "IfMatch" in conditions:
+            body = claim_body(body)
         return self.put(key, body, Metadata=mark.metadata(base), **conditions)
 
     def snapshot_put(

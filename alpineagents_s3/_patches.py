@@ -107,34 +107,48 @@ def _is_path(value: Any) -> bool:
 
 
 def apply(snapshot: dict[str, Any], value: str, where: str) -> dict[str, Any]:
-    """``snapshot`` with the change of one entry's metadata ``value`` (copied where changed)."""
+    """``snapshot`` with the change of one entry's metadata ``value`` (copied where changed).
+
+    Total, as a merge: a value set below one that is not a dict (another writer's save of data
+    alone replaced it meanwhile) replaces it with a dict, a removed value that is not there is
+    left out. So a load never fails on changes that two writers made.
+    """
     sets, removes = decode(value, where)
     if not sets and not removes:
         return snapshot
     changed = dict(snapshot)
     copied: set[tuple[str, ...]] = {()}
     for path in removes:
-        parent = _parent(changed, path, copied, where)
-        parent.pop(path[-1], None)
+        parent = _parent(changed, path, copied, create=False)
+        if parent is not None:
+            parent.pop(path[-1], None)
     for path, item in sets:
-        _parent(changed, path, copied, where)[path[-1]] = item
+        parent = _parent(changed, path, copied, create=True)
+        assert parent is not None
+        parent[path[-1]] = item
     return changed
 
 
 def _parent(
-    root: dict[str, Any], path: Path, copied: set[tuple[str, ...]], where: str
-) -> dict[str, Any]:
-    """The dict holding ``path``'s last key, copied on the way (the stored one is not changed)."""
+    root: dict[str, Any], path: Path, copied: set[tuple[str, ...]], *, create: bool
+) -> dict[str, Any] | None:
+    """The dict holding ``path``'s last key, copied on the way (the stored one is not changed).
+
+    Where the way holds no dict: one is made (``create``), or ``None``.
+    """
     node = root
     for depth, key in enumerate(path[:-1], start=1):
         child = node.get(key)
         if not isinstance(child, dict):
-            raise CorruptStateError(
-                f"{where} changes {'/'.join(path)} of the snapshot, which holds no dict at "
-                f"{'/'.join(path[:depth])}: the objects do not belong together"
-            )
-        if tuple(path[:depth]) not in copied:
-            child = node[key] = dict(child)
-            copied.add(tuple(path[:depth]))
+            if not create:
+                return None
+            child = {}
+        elif tuple(path[:depth]) in copied:
+            node = child
+            continue
+        else:
+            child = dict(child)
+        node[key] = child
+        copied.add(tuple(path[:depth]))
         node = child
     return node

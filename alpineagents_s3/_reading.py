@@ -538,11 +538,11 @@ def list_states(layout: Layout) -> Steps[list[Summary]]:
                 logger.warning("not listing State %r: %s: %s", state_id, type(e).__name__, e)
         if not token:
             break
-    changed = yield from _changes_after(layout, running)
+    changed = yield from changes_after(layout, running)
     for state_id, _ in running:
         key = layout.snapshot_key(state_id)
         try:
-            snapshot = changed[state_id]
+            _, snapshot = changed[state_id]
             if isinstance(snapshot, CorruptStateError):
                 raise snapshot
             if snapshot is not None:
@@ -552,10 +552,14 @@ def list_states(layout: Layout) -> Steps[list[Summary]]:
     return _contract.newest_first(saved)
 
 
-def _changes_after(
+def changes_after(
     layout: Layout, found: list[tuple[str, StoredSnapshot]]
-) -> Steps[dict[str, Any]]:
-    """For open layout 3 snapshots: each with the changes committed alone after it applied.
+) -> Steps[dict[str, tuple[int, Any]]]:
+    """For layout 3 snapshots: the entries committed alone after each, and their changes.
+
+    Each State maps to how many entries from seq 0 on are its own (the count, then those
+    committed alone after it) and the snapshot with their changes applied (or the
+    ``CorruptStateError`` that applying them raised).
 
     The entries after each snapshot's count are listed (one request per State, all at once),
     then HEADed (their metadata carries the changes), all at once: two rounds for every
@@ -592,7 +596,7 @@ def _changes_after(
             metadata.get(PENDING_META) == PENDING,
             metadata.get(ALONE_META),
         )
-    changed: dict[str, Any] = {}
+    changed: dict[str, tuple[int, Any]] = {}
     for state_id, stored in found:
         count = stored.meta.count or 0
         entries = seen[state_id]
@@ -602,9 +606,10 @@ def _changes_after(
         gap = committed(entries, count, run)
         try:
             snapshot = stored.snapshot
-            changed[state_id] = changed_snapshot(layout, state_id, stored, entries, gap, snapshot)
+            after = changed_snapshot(layout, state_id, stored, entries, gap, snapshot)
+            changed[state_id] = (gap, after)
         except CorruptStateError as e:
-            changed[state_id] = e
+            changed[state_id] = (gap, e)
     return changed
 
 

@@ -46,6 +46,9 @@ CONTEXT: Final = "context"
 # The parts of such a snapshot whose texts are referred to: the context, and the run's answers
 # (a copy of the last reply's text). Their summary (``list()``) reads none of them.
 REFERRED: Final = (CONTEXT, "last_answer", "finish_answer")
+# The key of a snapshot without a context whose long text may be kept in an entry: this
+# repository's core copies a run's reply there when the run stops.
+COPIES: Final = ("answer",)
 FIELD: Final = "alpineagents-refs"
 FORMAT: Final = 1
 GZIP_MAGIC: Final = b"\x1f\x8b"
@@ -137,9 +140,9 @@ def encode(
     The digests of the texts it refers to are added to ``used``. Raises what
     :func:`~alpineagents_s3._codec.dumps` raises for a value JSON cannot hold.
 
-    A snapshot without a context whose top-level value is a long text one of ``entries`` (the
-    save's, which the snapshot counts) holds, as the answer of a run that stopped with a reply
-    copies the reply, refers to it the same way: the reply is not sent twice.
+    A snapshot without a context whose answer (``COPIES``) is a long text one of ``entries``
+    (the save's, which the snapshot counts) holds, as the answer of a run that stopped with a
+    reply copies the reply, refers to it the same way: the reply is not sent twice.
     """
     if snapshot is None:
         return dumps(snapshot, what)
@@ -166,10 +169,13 @@ def _encode_copies(
 ) -> bytes:
     """A snapshot without a context: its JSON, or its copies of ``entries``' texts referred to.
 
-    Only top-level values are looked at; with references the body is compressed, as a
-    snapshot with a context is.
+    Only ``COPIES`` is looked at, which no core's list summary reads (``list()`` builds the
+    summary without the history to put texts back); with references the body is compressed,
+    as a snapshot with a context is.
     """
-    long = [k for k, v in snapshot.items() if isinstance(v, str) and len(v) >= MIN_LENGTH]
+    long = [
+        k for k in COPIES if isinstance(snapshot.get(k), str) and len(snapshot[k]) >= MIN_LENGTH
+    ]
     if not long or not entries:
         return dumps(snapshot, what)
     where = Texts("").with_entries(entries).where

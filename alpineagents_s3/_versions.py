@@ -200,8 +200,15 @@ class Ledger:
             # A save of ours may be under way: its pending entries are not read, but stored.
             count = max(held.count or 0, gap)
             landed = max(held.landed, read.landed)
+            # Entries another writer committed alone after it (layout 3): the run is theirs.
+            tail_writer = held.tail_writer if read.tail_writer is None else read.tail_writer
             self.versions[state_id] = replace(
-                held, gap=gap, orphans=orphans, count=count, landed=landed
+                held,
+                gap=gap,
+                orphans=orphans,
+                count=count,
+                landed=landed,
+                tail_writer=tail_writer,
             )
             if count != held.count:  # entries no save of ours made: their changes unknown
                 self.know_effective(state_id, None)

@@ -50,7 +50,7 @@ from alpineagents_s3._layout import (
     new_token,
 )
 from alpineagents_s3._patches import NO_CHANGE, diff
-from alpineagents_s3._reading import gather, get_snapshot, read, scan
+from alpineagents_s3._reading import changes_after, gather, get_snapshot, read, scan
 from alpineagents_s3._refs import Texts, encode
 from alpineagents_s3._steps import Hold, Release, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
@@ -298,7 +298,13 @@ def _write(
         version = ledger.versions.get(state_id, version)
         if version.orphans:
             version = yield from _claim(layout, ledger, state_id, first, written)
-        version, stored = yield from clear_orphans(layout, ledger, state_id, version, bodies, mark)
+        # A save committing alone deletes every orphan and then stores its entries in seq
+        # order: an orphan it replaced beyond its first entry would be read after the count
+        # of a later snapshot, were it killed before that first entry.
+        replace_with = {} if change is not None else bodies
+        version, stored = yield from clear_orphans(
+            layout, ledger, state_id, version, replace_with, mark
+        )
         yield Release(lock)
         rest = [entry for entry in entries if entry["seq"] not in stored]
         written += [layout.entry_key(state_id, version.generation, seq) for seq in stored]
@@ -318,7 +324,8 @@ def _write(
             _know_effective(ledger, state_id, body)
         elif body is not None:
             now = ledger.versions[state_id]
-            copy = json.loads(body)  # the core may change its dicts in place after the save
+            # A copy of it as stored (the core may change its dicts in place after the save).
+            copy = json.loads(dumps(snapshot, f"the snapshot of {state_id!r}"))
             ledger.know_effective(state_id, Effective(now.etag, now.generation, now.count, copy))
         yield Release(appends)
         logger.debug("committed %d entries of %s alone", len(entries), state_id)
@@ -581,6 +588,12 @@ def _first_write(
         layout=stored.meta.layout,
         open=stored.meta.open,
     )
+    if not entries and stored.meta.layout >= 3 and stored.meta.count is not None:
+        # A save without entries, by a store object that did not read the State: its snapshot
+        # must count the entries committed alone after the stored one, whose changes would
+        # otherwise be applied again on top of it.
+        ((gap, _),) = (yield from changes_after(layout, [(state_id, stored)])).values()
+        version = replace(version, count=gap, gap=gap)
     if entries:
         # The State was loaded through another store object: its copy has every seq below its
         # first unsaved one. A gap right there means orphans may follow.

@@ -481,9 +481,9 @@ def turns_of(bench: Bench, variant: Variant, turns: int) -> TurnFigures:
         state.add_user_message(f"And the numbers of quarter {k}?")
         agent.run(state)
     # The entries' bytes as compact JSON, as a store writes them (no spaces after separators).
-    compact = {"separators": (",", ":"), "ensure_ascii": False}
     added = sum(
-        len(json.dumps(entry_to_dict(e), **compact).encode()) for e in state.history[first:]
+        len(json.dumps(entry_to_dict(e), separators=(",", ":"), ensure_ascii=False).encode())
+        for e in state.history[first:]
     )
     if isinstance(store, CountingFileStore):
         return TurnFigures(variant.name, {}, store.written / turns, added / turns)

@@ -210,7 +210,7 @@ async def test_a_key_removed_from_the_snapshot_is_removed_by_the_change(
     io = stores.io(mode)
     state = State("keys", id="keys")
     record = _saving.plan(state)
-    assert record is not None
+    assert record is not None and record.snapshot is not None
     with_extra = {**record.snapshot, "extra": [1, 2]}
     entries = record.entries
     await io.write("keys", entries, with_extra, create=True)

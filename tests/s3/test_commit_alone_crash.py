@@ -63,8 +63,8 @@ async def test_a_kill_at_any_request_leaves_what_a_save_left_and_the_run_goes_on
         timeout=60,
         check=True,
     )
-    expected = [f"saved {n}" for n in range(1, 7)] + [f"requests {REQUESTS}"]
-    assert unkilled.stdout.splitlines() == expected, unkilled.stdout
+    printed = [f"saved {n}" for n in range(1, 7)] + [f"requests {REQUESTS}"]
+    assert unkilled.stdout.splitlines() == printed, unkilled.stdout
     whole = build(len(steps()))
     for k in range(1, REQUESTS + 1):
         state_id = f"k{k}"
