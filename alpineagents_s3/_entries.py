@@ -71,7 +71,9 @@ def clear_orphans(
     others are deleted, so that no entry of the save that was stopped ever joins the history.
     Returns the Version now, and the seqs stored here. Never touches a seq of the unbroken run:
     orphans all lie beyond ``version.gap``. The deletes are unconditional (S3-compatible servers
-    such as LocalStack refuse a conditional DeleteObject), hence the lock.
+    such as LocalStack refuse a conditional DeleteObject), hence the lock, and a HEAD
+    (``If-Match``) of each first: an orphan that changed since the read is another writer's
+    doing, and the write is refused.
     """
     cleared = replace(version, orphans={})
     current = ledger.versions.get(state_id)
@@ -88,6 +90,21 @@ def clear_orphans(
         cleared = replace(
             cleared, count=count if cleared.count is None else min(cleared.count, count)
         )
+    if deleted:
+        # The deletes are unconditional: first make sure each orphan is still the object the
+        # read listed. Another writer may have cleared it since and committed an entry alone
+        # at its seq (in layout 3 nothing else tells), which a delete would take from loads.
+        heads = yield from layout.send(
+            [
+                layout.head(key, IfMatch=orphans[seq])
+                for seq, key in zip(deleted, stale, strict=True)
+            ]
+        )
+        for seq, key, outcome in zip(deleted, stale, heads, strict=True):
+            if isinstance(outcome, Exception):
+                if error_code(outcome) in PRECONDITION_CODES | NOT_FOUND_CODES:
+                    raise second_writer(layout, state_id, key, seq)
+                layout.fail(outcome, key, "HeadObject (an orphan to remove)")
     puts = {
         seq: layout.entry_key(state_id, version.generation, seq) for seq in orphans if seq in bodies
     }
@@ -298,6 +315,56 @@ def _settle_taken(
         elif not same:
             raise second_writer(layout, state_id, keys[i], seqs[i])
         # (The same entry, counted: the State's as it is.)
+    if mark.change is None or not stale:
+        return (yield from _replace(layout, state_id, version, seqs, keys, bodies, stale, mark))
+    # A save committing alone replaces them as pending first: no load reads them until the
+    # stored snapshot is found still ours (a claim since would let its writer remove or replace
+    # what it takes for orphans), then marks them committed alone.
+    pending = replace(mark, pending=True, change=None)
+    replaced = yield from _replace(layout, state_id, version, seqs, keys, bodies, stale, pending)
+    try:
+        yield from check_base(layout, state_id, version, "before committing a replaced entry")
+    except ConcurrentWriteError:
+        i = next(iter(replaced))
+        raise second_writer(layout, state_id, keys[i], seqs[i]) from None
+    outcomes = yield from layout.send(
+        [
+            layout.entry_put(
+                state_id,
+                version.generation,
+                seqs[i],
+                bodies[seqs[i]],
+                version.etag,
+                mark,
+                IfMatch=etag,
+            )
+            for i, etag in replaced.items()
+        ]
+    )
+    for i, outcome in zip(replaced, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            if error_code(outcome) in PRECONDITION_CODES | NOT_FOUND_CODES:
+                raise second_writer(layout, state_id, keys[i], seqs[i])
+            layout.fail(outcome, keys[i], "PutObject", f"If-Match: {replaced[i]}")
+        replaced[i] = outcome.get("ETag", "")
+    return replaced
+
+
+def _replace(
+    layout: Layout,
+    state_id: str,
+    version: Version,
+    seqs: Sequence[int],
+    keys: Sequence[str],
+    bodies: Mapping[int, bytes],
+    stale: dict[int, str],
+    mark: Mark,
+) -> Steps[dict[int, str]]:
+    """Replace the ``stale`` entries (index -> ETag) with ours, ``If-Match`` on each ETag.
+
+    An entry that changed before it could be replaced is read again (``_still_stale``), and
+    replaced in turn only while the stored snapshot is still the one ``version`` names.
+    """
     replaced: dict[int, str] = {}
     for _ in range(REPLACE_ATTEMPTS):
         outcomes = yield from layout.send(
@@ -330,6 +397,15 @@ def _settle_taken(
         )
         if not stale:
             return replaced
+        # Replaced meanwhile by a writer based elsewhere: replace it in turn only while the
+        # stored snapshot is still ours (that writer's snapshot PUT can then never land). A
+        # claim of another writer since makes its entry the State's to be, and this save
+        # the second writer.
+        try:
+            yield from check_base(layout, state_id, version, "an entry replaced meanwhile")
+        except ConcurrentWriteError:
+            i = next(iter(stale))
+            raise second_writer(layout, state_id, keys[i], seqs[i]) from None
     raise second_writer(layout, state_id, keys[next(iter(stale))], seqs[next(iter(stale))])
 
 

@@ -111,9 +111,10 @@ async def test_a_store_object_that_did_not_read_the_state_meets_the_orphans_too(
     state = await loader.load("gap")
     tool_turn(state, 1)  # seqs 1, 2: the orphan at 2 is replaced, the one at 3 deleted
     assert await writer.save(state) is True
-    # The snapshot and the listing; a claim (GET of the snapshot, HEAD of seq 1, PUT); the
-    # orphan at 2 replaced, then seq 1.
-    assert log.counts() == {"GET": 2, "LIST": 1, "HEAD": 1, "PUT": 4, "DELETE": 1}
+    # The snapshot and the listing; a claim (GET of the snapshot, HEAD of seq 1, PUT); a HEAD
+    # of the orphan at 3 (still the one listed) before it is deleted; the orphan at 2
+    # replaced, then seq 1.
+    assert log.counts() == {"GET": 2, "LIST": 1, "HEAD": 2, "PUT": 4, "DELETE": 1}
     assert f"If-Match: {etags[2]}" in {r.condition for r in log.requests}
 
     # Without the delete, the stale seq 3 would now follow seq 2 and join the history.
