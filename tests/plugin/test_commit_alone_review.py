@@ -572,10 +572,12 @@ def test_seeded_interleavings_of_two_writers_keep_the_promises() -> None:
     """Two store objects, each reloading after a refusal or a kill, texts never sent twice.
 
     The random search that found F5-F8 (with equal store objects and repeated bodies, and at
-    about one seed in a thousand here), and then that a load finding its own snapshot kept no
-    word of another writer's entries committed alone after it (seeds 1409 and 2686): all
-    mended, and seeds 0 to 10,000 held once they were. These seeds, and the ones that broke.
+    about one seed in a thousand here); then that a load finding its own snapshot kept no word
+    of another writer's entries committed alone after it (seeds 1409, 2686), that an orphan was
+    deleted after another writer had committed alone at its seq (6049, 2947), and that an
+    entry was replaced again after another writer's claim (3965, 8243). All mended; seeds 0 to
+    12,000 held once they were. These seeds, and the ones that broke.
     """
-    seeds = [*range(120), 237, 1409, 2686, 2947]
+    seeds = [*range(120), 237, 1409, 2686, 2947, 3965, 6049, 8243]
     broken = {seed: why for seed in seeds if (why := interleave(seed)) is not None}
     assert broken == {}
