@@ -577,6 +577,8 @@ def changes_after(
         seq = stored.meta.count or 0
         for item in page.get("Contents", ()):
             parsed = layout.parse_entry_key(state_id, item["Key"])
+            if parsed is None:
+                continue  # not an entry object (a load skips it too)
             if parsed != (stored.meta.generation, seq):
                 break
             wanted.append((state_id, seq, item["Key"]))

@@ -313,7 +313,15 @@ def _write(
         fresh = yield from _commit_alone(layout, ledger, state_id, rest, bodies, written, change)
         if body is None and effective is not None:  # entries that change nothing of it
             now = ledger.versions[state_id]
-            ledger.know_effective(state_id, replace(effective, etag=now.etag, count=now.count))
+            effective = replace(effective, etag=now.etag, count=now.count)
+            ledger.know_effective(state_id, effective)
+            if now.own and len(now.tail) >= CHECKPOINT_EVERY:
+                # Tool results of a long turn: the snapshot is replaced (the same JSON), so
+                # that it counts them, as every CHECKPOINT_EVERY entries committed alone.
+                again = claim_body(dumps(effective.snapshot, f"the snapshot of {state_id!r}"))
+                tail = _tail_keys(layout, state_id, now)
+                yield from _replace_snapshot(layout, ledger, state_id, again, tail, opens=now.open)
+                _know_effective(ledger, state_id, again)
         if body is not None and not fresh:
             # Its entry was stored already, by an attempt of ours whose answer was lost: the
             # change that carries may be another. The snapshot PUT says what holds.
@@ -713,6 +721,11 @@ def _claim(
         ledger.versions.pop(state_id, None)
         yield from delete_keys(layout, written, required=False)
         raise layout.not_found(state_id, ": it was deleted since this store object read it")
+    if current.meta.generation != version.generation:  # deleted and created again
+        ledger.versions[state_id] = replace(version, refused=True)
+        mine = written + _tail_keys(layout, state_id, version)
+        yield from delete_keys(layout, mine, required=False)
+        raise refused(layout, state_id, version)
     if current.etag != version.etag:
         raise refused(layout, state_id, version)
     if isinstance(head, Exception):
@@ -927,8 +940,15 @@ def _replace_snapshot(
             ledger.versions.pop(state_id, None)
             yield from delete_keys(layout, written, required=False)
             raise layout.not_found(state_id, gone)
+        if current.meta.generation != version.generation:
+            # Deleted and created again: no one else writes under our generation, so what
+            # this store object left there (its pending entries, what it committed alone)
+            # is removed, as after a delete.
+            ledger.versions[state_id] = replace(version, refused=True)
+            yield from delete_keys(layout, written, required=False)
+            raise refused(layout, state_id, version)
         ours = version.unsure | {token}
-        if current.meta.generation != version.generation or current.meta.token not in ours:
+        if current.meta.token not in ours:
             break
         # Our own write, whose answer was lost.
         ledger.versions[state_id] = version.landed_as(current.etag, current.meta.count)

@@ -81,15 +81,16 @@ async def test_a_snapshot_is_written_at_least_every_16_entries_committed_alone(
     for n in range(20):
         tool_turn(state, n)
         result = state.history.pop()
-        puts.append((await counted(log, io.save(state)))["PUT"])
+        response = (await counted(log, io.save(state)))["PUT"]
         state.history.append(result)
         if mode == "async":
-            await _saving.asave(io.store, state, entries_only=True)
+            saving = _saving.asave(io.store, state, entries_only=True)
         else:
-            await asyncio.to_thread(_saving.save, io.store, state, entries_only=True)
-    # 1 PUT a response while fewer than 16 entries were committed alone since the snapshot;
-    # then the response's entry and the snapshot.
-    assert puts == [1] * 8 + [2] + [1] * 8 + [2] + [1] * 2
+            saving = asyncio.to_thread(_saving.save, io.store, state, entries_only=True)
+        puts.append((response, (await counted(log, saving))["PUT"]))
+    # 1 PUT a save while fewer than 16 entries were committed alone since the snapshot; the
+    # result that makes them 16 is followed by the snapshot (the same JSON, counting them).
+    assert puts == [(1, 1)] * 7 + [(1, 2)] + [(1, 1)] * 7 + [(1, 2)] + [(1, 1)] * 4
     loaded = await stores.io(mode).load("checkpoints")
     assert loaded.history == state.history
 
