@@ -39,7 +39,7 @@ from alpineagents_s3._layout import (
     Layout,
     Mark,
 )
-from alpineagents_s3._steps import Response, Steps, error_code
+from alpineagents_s3._steps import Call, Response, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger, Version
 from alpineagents_s3.errors import ConcurrentWriteError
@@ -328,18 +328,7 @@ def _settle_taken(
         i = next(iter(replaced))
         raise second_writer(layout, state_id, keys[i], seqs[i]) from None
     outcomes = yield from layout.send(
-        [
-            layout.entry_put(
-                state_id,
-                version.generation,
-                seqs[i],
-                bodies[seqs[i]],
-                version.etag,
-                mark,
-                IfMatch=etag,
-            )
-            for i, etag in replaced.items()
-        ]
+        _replacements(layout, state_id, version, seqs, bodies, replaced, mark)
     )
     for i, outcome in zip(replaced, outcomes, strict=True):
         if isinstance(outcome, Exception):
@@ -348,6 +337,31 @@ def _settle_taken(
             layout.fail(outcome, keys[i], "PutObject", f"If-Match: {replaced[i]}")
         replaced[i] = outcome.get("ETag", "")
     return replaced
+
+
+def _replacements(
+    layout: Layout,
+    state_id: str,
+    version: Version,
+    seqs: Sequence[int],
+    bodies: Mapping[int, bytes],
+    etags: Mapping[int, str],
+    mark: Mark,
+    base: str | None = None,
+) -> list[Call]:
+    """PUTs of our entries over those of ``etags`` (index -> ETag), ``If-Match`` on each."""
+    return [
+        layout.entry_put(
+            state_id,
+            version.generation,
+            seqs[i],
+            bodies[seqs[i]],
+            version.etag if base is None else base,
+            mark,
+            IfMatch=etag,
+        )
+        for i, etag in etags.items()
+    ]
 
 
 def _replace(
@@ -368,18 +382,7 @@ def _replace(
     replaced: dict[int, str] = {}
     for _ in range(REPLACE_ATTEMPTS):
         outcomes = yield from layout.send(
-            [
-                layout.entry_put(
-                    state_id,
-                    version.generation,
-                    seqs[i],
-                    bodies[seqs[i]],
-                    version.etag,
-                    mark,
-                    IfMatch=etag,
-                )
-                for i, etag in stale.items()
-            ]
+            _replacements(layout, state_id, version, seqs, bodies, stale, mark)
         )
         changed: list[int] = []
         for i, outcome in zip(stale, outcomes, strict=True):
@@ -465,18 +468,7 @@ def _disown(
     again with ``If-Match`` on the ETag this save got for it: one a winner has replaced since
     is left alone. (A conditional delete would do, but S3-compatible servers refuse it.)
     """
-    calls = [
-        layout.entry_put(
-            state_id,
-            version.generation,
-            seqs[i],
-            bodies[seqs[i]],
-            REFUSED_BASE,
-            mark,
-            IfMatch=etag,
-        )
-        for i, etag in mine.items()
-    ]
+    calls = _replacements(layout, state_id, version, seqs, bodies, mine, mark, REFUSED_BASE)
     for outcome in (yield from layout.send(calls)):
         if isinstance(outcome, Exception) and error_code(outcome) not in PRECONDITION_CODES:
             logger.warning(
