@@ -78,10 +78,10 @@ def kinds(found: list[Any]) -> Counter[str]:
 
 
 async def test_a_packed_state_loads_the_same_in_three_rounds(mode: Mode, stores: Stores) -> None:
-    remove_entries = mode == "async"  # both ways, once each (a State of 1,201 entries is slow)
+    remove_entries = mode == "async"  # both ways, once each (a State of 1,021 entries is slow)
     state = State("pack me", id="packed")
     state.data["nested"] = {"deep": [1, 2, {"x": None}], "text": "\u00e9\ud7ff"}
-    run(state, 600)  # 1,201 entries: more than a listing page
+    run(state, 510)  # 1,021 entries: more than a listing page
     writer = stores.new()
     writer.save(state)
     packed = await pack(stores.new(), mode, state.id, remove_entries=remove_entries)
@@ -105,7 +105,7 @@ async def test_a_packed_state_loads_the_same_in_three_rounds(mode: Mode, stores:
     # The run goes on from the packed State: its saves are not refused, and a load reads the
     # segment and the entries saved since, still in three rounds.
     continued = await load(writer, mode, state.id)
-    run(continued, 5, first=600)
+    run(continued, 5, first=510)
     await save(writer, mode, continued)
     rounds.batches.clear()
     same(await load(reader, mode, state.id), continued)
