@@ -189,14 +189,15 @@ def figure(output: str, pattern: str) -> int:
 
 
 @pytest.mark.slow
-def test_hundreds_of_faults_of_every_kind_lose_nothing_acknowledged() -> None:
-    # 200 faults: every kind many times over; the run ends at that count, not at its bound.
-    done = run("--faults", "200", "--seconds", "25", "--rate", "0.3", "--workers", "12")
+def test_over_a_hundred_faults_of_every_kind_lose_nothing_acknowledged() -> None:
+    # 120 faults: every kind about 20 times; the run ends at that count, not at its bound.
+    # (reliability/fault_proxy.py runs for longer: docs/reliability.md, "The last long runs".)
+    done = run("--faults", "120", "--seconds", "25", "--rate", "0.3", "--workers", "12")
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert out.startswith("fault proxy at http://127.0.0.1:")
     assert figure(out, r"^violations: (\d+)$") == 0
-    assert figure(out, r"^faults injected: (\d+)$") >= 120
+    assert figure(out, r"^faults injected: (\d+)$") >= 80
     for kind in KINDS:
         assert figure(out, rf"^  {re.escape(kind)} +(\d+)") > 0, kind
     # Both APIs saved through the proxy, and both kinds of State were checked.

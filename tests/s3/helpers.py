@@ -27,6 +27,7 @@ from alpineagents_s3._layout import GENERATION_META
 from tests.helpers import MakeBucket, Mode, entry_dicts
 
 if TYPE_CHECKING:
+    import aioboto3
     from types_boto3_s3 import S3Client
 
 # Store objects -----------------------------------------------------------------------------
@@ -37,17 +38,27 @@ class Stores:
     fixture closes each one (async client, then sync client) after the test.
 
     Their sync clients come from one ``boto3.Session`` (given as ``session``), which loads
-    the S3 service model once instead of once per store object."""
+    the S3 service model once instead of once per store object, and their async clients from
+    one ``aioboto3.Session`` (``aio_session``), unless a test gives a session of its own."""
 
-    def __init__(self, url: str, make_bucket: MakeBucket, session: boto3.Session | None = None):
+    def __init__(
+        self,
+        url: str,
+        make_bucket: MakeBucket,
+        session: boto3.Session | None = None,
+        aio_session: aioboto3.Session | None = None,
+    ):
         self.url = url
         self.make_bucket = make_bucket
         self.bucket = make_bucket()
         self.session = session
+        self.aio_session = aio_session
         self.made: list[S3Store] = []
 
     def new(self, *, bucket: str | None = None, **options: Any) -> S3Store:
         """A new store object: another process, as far as S3 can tell."""
+        if "session" not in options and "aio_session" not in options:
+            options["aio_session"] = self.aio_session
         options.setdefault("session", self.session)
         store = S3Store(bucket or self.bucket, "runs", endpoint_url=self.url, **options)
         self.made.append(store)

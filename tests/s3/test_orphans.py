@@ -41,6 +41,7 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
         url,
         request.getfixturevalue(f"{request.param}_bucket"),
         request.getfixturevalue("boto_session"),
+        request.getfixturevalue("aio_session"),
     )
     client = raw_client(url)
     try:

@@ -2,8 +2,11 @@
 
 A child process (tests/s3/_pack_child.py) forks one process per pack; that process packs a
 State on moto's server (over HTTP, the server runs in this process) and kills itself with
-SIGKILL at its k-th request: before the request is sent, or once its answer came back. A pack
-that is not killed is counted first, so k runs from the first request of the pack to the last.
+SIGKILL before its k-th request is sent, for every k from the first request of the pack to the
+last (a pack that is not killed is counted first), and once the answer to its last request came
+back. What S3 holds after a kill is what the requests sent before it did, so those kills reach
+every state a kill can leave; a kill once the k-th answer came back, for k before the last, is
+the kill before the next request as far as S3 can tell.
 
 After every kill, the State must be as it was before the pack: the same entries and snapshot
 through ``read`` and ``load``. A new pack then completes and leaves exactly one chain of
@@ -48,7 +51,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
 ROOT = Path(__file__).resolve().parents[2]
-EVENTS = ("before-send", "after-call")
 # One of these tool results is more than a segment holds (SEGMENT_MAX, 1 MiB).
 BIG = "row,value\n" + "alpha,1\nbeta,2\ngamma,3\n" * 46_000
 
@@ -245,18 +247,18 @@ def test_a_pack_killed_at_any_request_leaves_the_state_as_it_was(
         total = len(operations)
 
         kills = 0
-        for event in EVENTS:
-            for k in range(1, total + 1):
-                state_id = f"{event}-{k}"
-                state = prepare(store, state_id, case)
-                snapshot = snapshot_of(moto, store, state_id)
-                killed = packer.pack(store, state_id, case, kill=(event, k))
-                where = f"{case.name}: killed at {event} of request {k} of {total}"
-                assert killed["signal"] == signal.SIGKILL, (where, killed)
-                assert killed[event.split("-")[0]][-1][1] == k, (where, killed)
-                # A pack never writes the snapshot.
-                assert snapshot_of(moto, store, state_id) == snapshot, where
-                check_after_kill(store, reader, state_id, case, (state, snapshot[0]), where)
-                store.delete(state_id)
-                kills += 1
-        assert kills == 2 * total
+        points = [("before-send", k) for k in range(1, total + 1)] + [("after-call", total)]
+        for event, k in points:
+            state_id = f"{event}-{k}"
+            state = prepare(store, state_id, case)
+            snapshot = snapshot_of(moto, store, state_id)
+            killed = packer.pack(store, state_id, case, kill=(event, k))
+            where = f"{case.name}: killed at {event} of request {k} of {total}"
+            assert killed["signal"] == signal.SIGKILL, (where, killed)
+            assert killed[event.split("-")[0]][-1][1] == k, (where, killed)
+            # A pack never writes the snapshot.
+            assert snapshot_of(moto, store, state_id) == snapshot, where
+            check_after_kill(store, reader, state_id, case, (state, snapshot[0]), where)
+            store.delete(state_id)
+            kills += 1
+        assert kills == total + 1

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import re
+import threading
 from collections import Counter
 from collections.abc import Generator
 from pathlib import Path
@@ -43,6 +44,8 @@ from tests.s3.helpers import (
 )
 
 pytestmark = pytest.mark.slow
+
+MODES: tuple[Mode, ...] = ("sync", "async")
 
 
 def same(a: State, b: State) -> None:
@@ -77,39 +80,47 @@ def kinds(found: list[Any]) -> Counter[str]:
     return Counter(item.kind for item in found)
 
 
-async def test_a_packed_state_loads_the_same_in_three_rounds(mode: Mode, stores: Stores) -> None:
-    remove_entries = mode == "async"  # both ways, once each (a State of 1,021 entries is slow)
+async def test_a_packed_state_loads_the_same_in_three_rounds(stores: Stores) -> None:
+    """One State of 1,021 entries (more than a listing page), packed with its entries kept by
+    the sync API, then packed again removing them by the async one: each packed form loads
+    the same, in both modes, in at most three rounds (a State this large is slow to make)."""
     state = State("pack me", id="packed")
     state.data["nested"] = {"deep": [1, 2, {"x": None}], "text": "\u00e9\ud7ff"}
     run(state, 510)  # 1,021 entries: more than a listing page
     writer = stores.new()
     writer.save(state)
-    packed = await pack(stores.new(), mode, state.id, remove_entries=remove_entries)
-    assert packed.covered == len(state.history)
-    found = await objects(stores.io(mode), state.id)
-    segments = [o for o in found if o.kind == "segment"]
-    # ~1.6 MB of entries: cut into segments of about SEGMENT_MAX, each at least SEGMENT_MIN.
-    assert [o.key for o in segments] == sorted(packed.written) and len(segments) == 2
-    assert all(SEGMENT_MIN <= o.size < SEGMENT_MAX + 4096 for o in segments), segments
-    assert kinds(found)["entry"] == (0 if remove_entries else len(state.history))
+    variants: list[tuple[Mode, bool]] = [("sync", False), ("async", True)]
+    for mode, remove_entries in variants:
+        packed = await pack(stores.new(), mode, state.id, remove_entries=remove_entries)
+        assert packed.covered == len(state.history)
+        found = await objects(stores.io(mode), state.id)
+        segments = [o for o in found if o.kind == "segment"]
+        # ~1.6 MB of entries: cut into segments of about SEGMENT_MAX, each at least
+        # SEGMENT_MIN; packing again (to remove the entries) keeps those segments.
+        assert len(segments) == 2, segments
+        assert all(SEGMENT_MIN <= o.size < SEGMENT_MAX + 4096 for o in segments), segments
+        if not remove_entries:
+            assert [o.key for o in segments] == sorted(packed.written)
+        assert kinds(found)["entry"] == (0 if remove_entries else len(state.history))
 
-    log = RequestLog()
-    reader = stores.new(event_hooks=log.hooks)
-    rounds = Rounds(reader)
-    same(await load(reader, mode, state.id), state)
-    assert len(rounds.batches) <= 3, rounds.batches
-    # The snapshot and the segments; the segments and the entries listed, and with the entry
-    # objects kept (more than a page of them), the entries after the segments too.
-    assert log.counts() == {"GET": 3, "LIST": 2 if remove_entries else 3}, log.counts()
+        log = RequestLog()
+        reader = stores.new(event_hooks=log.hooks)
+        rounds = Rounds(reader)
+        same(await load(reader, mode, state.id), state)
+        assert len(rounds.batches) <= 3, (mode, rounds.batches)
+        # The snapshot and the segments; the segments and the entries listed, and with the
+        # entry objects kept (more than a page of them), the entries after the segments too.
+        assert log.counts() == {"GET": 3, "LIST": 2 if remove_entries else 3}, log.counts()
 
     # The run goes on from the packed State: its saves are not refused, and a load reads the
-    # segment and the entries saved since, still in three rounds.
-    continued = await load(writer, mode, state.id)
+    # segments and the entries saved since, still in three rounds, in either mode.
+    continued = await load(writer, "async", state.id)
     run(continued, 5, first=510)
-    await save(writer, mode, continued)
-    rounds.batches.clear()
-    same(await load(reader, mode, state.id), continued)
-    assert len(rounds.batches) == 3, rounds.batches
+    await save(writer, "async", continued)
+    for mode in MODES:
+        rounds.batches.clear()
+        same(await load(reader, mode, state.id), continued)
+        assert len(rounds.batches) == 3, (mode, rounds.batches)
 
 
 async def test_packing_again_merges_small_segments_and_keeps_few(
@@ -294,23 +305,28 @@ async def test_orphans_of_a_killed_save_next_to_a_segment(mode: Mode, stores: St
     same(await load(stores.new(), mode, state.id), resumed)
 
 
-async def test_a_load_meets_a_pack_removing_the_entries_it_listed(
-    mode: Mode, stores: Stores
-) -> None:
+def test_a_load_meets_a_pack_removing_the_entries_it_listed(stores: Stores) -> None:
+    """Sync only: the hook is on the reader's sync client."""
     state = State("race", id="race")
     run(state, 40)
     stores.new().save(state)
     reader, packer = stores.new(), stores.new()
     packed: list[Packed] = []
+    one_pack = threading.Lock()
 
     def pack_now(**kwargs: Any) -> None:  # after the reader listed, before it GETs entries
-        if not packed and "/entries/" in kwargs["params"].get("Key", ""):
-            packed.append(packer.pack(state.id, remove_entries=True))
+        if "/entries/" not in kwargs["params"].get("Key", ""):
+            return
+        # The reader GETs on several threads at once: one packs, the others wait for it, so
+        # that every GET of an entry comes after the pack removed them all.
+        with one_pack:
+            if not packed:
+                packed.append(packer.pack(state.id, remove_entries=True))
 
     reader.client.meta.events.register("before-parameter-build.s3.GetObject", pack_now)
     same(reader.load(state.id), state)
-    assert packed and packed[0].covered == len(state.history)
-    assert kinds(await objects(stores.io(mode), state.id))["entry"] == 0
+    assert len(packed) == 1 and packed[0].covered == len(state.history)
+    assert kinds(stores.new().objects(state.id))["entry"] == 0
 
 
 async def test_sweep_removes_segments_of_abandoned_generations(mode: Mode, stores: Stores) -> None:

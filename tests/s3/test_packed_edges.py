@@ -148,6 +148,7 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
         request.getfixturevalue(f"{request.param}_url"),
         request.getfixturevalue(f"{request.param}_bucket"),
         request.getfixturevalue("boto_session"),
+        request.getfixturevalue("aio_session"),
     )
     try:
         yield stores
