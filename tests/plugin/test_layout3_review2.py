@@ -42,12 +42,12 @@ from alpineagents_s3._reading import list_states, objects
 from alpineagents_s3._steps import Call
 from alpineagents_s3._sweeping import sweep
 from alpineagents_s3._writing import CHECKPOINT_EVERY
+from tests.plugin.test_commit_alone_review import CREATED, snap
 from tests.plugin.test_protocol_decisions import FakeBucket, Writer, run, snapshot_key
 from tests.plugin.test_protocol_review import Driven, saving, snapshot_put
 
 Stop = Callable[[Sequence[Call]], bool]
 
-CREATED = "2024-01-01T00:00:00+00:00"
 INFO = _contract.GENERATION == "info"
 
 
@@ -69,19 +69,7 @@ def small(n: int, data: dict[str, Any] | None = None, *, stopped: bool = False) 
             "parent_id": None,
             "extra": {} if data is None else data,
         }
-    return {
-        "v": 1,
-        "id": "s",
-        "task": "t",
-        "entries": n,
-        "data": {} if data is None else data,
-        "stopped_by": "reply" if stopped else None,
-        "stop_seq": None,
-        "answer": None,
-        "agent": None,
-        "created_at": CREATED,
-        "updated_at": updated,
-    }
+    return snap(n, data, stopped_by="reply" if stopped else None, updated_at=updated)
 
 
 SUMMARISED = not (
