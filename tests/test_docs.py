@@ -53,14 +53,21 @@ _TITLE = re.compile(r'title="([^"]+)"')
 _BUCKETS = re.compile(r's3://([a-z0-9][a-z0-9.-]{2,62})|S3Store\(\s*"([a-z0-9][a-z0-9.-]{2,62})"')
 
 RUNNER = '''\
-"""Run a docs sample with the offline model in place of Claude."""
+"""Run a docs sample with the offline model in place of Claude.
+
+An Agent given a model id imports ``AnthropicModel`` from ``alpineagents.anthropic`` when it
+is made; here that module is one whose ``AnthropicModel`` is the offline model, so a sample
+does not import the anthropic SDK it never calls (about 1.5 s of CPU a sample).
+"""
 import runpy
 import sys
+import types
 
-import alpineagents.anthropic
 from alpineagents.testing import TestModel
 
-alpineagents.anthropic.AnthropicModel = lambda model, *args, **kwargs: TestModel(name=str(model))
+offline = types.ModuleType("alpineagents.anthropic", "the offline model, for the docs samples")
+offline.AnthropicModel = lambda model, *args, **kwargs: TestModel(name=str(model))
+sys.modules["alpineagents.anthropic"] = offline
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''

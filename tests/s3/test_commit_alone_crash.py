@@ -11,35 +11,36 @@ save. It then makes the saves that are left, and the State reads whole.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
 from alpineagents import State
 from alpineagents._resume import UNKNOWN_RESULT
+from tests.forked import Forker
 from tests.helpers import Mode
 from tests.s3._alone_child import build, steps
 from tests.s3.helpers import Stores, load, save
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
-ROOT = Path(__file__).resolve().parents[2]
-CHILD = [sys.executable, "-m", "tests.s3._alone_child"]
 # The create (its entry, the snapshot), four saves of one PUT each, the reply (its entry, the
 # snapshot): checked below, so a change of the protocol's count shows.
 REQUESTS = 8
 
 
-def child(stores: Stores, state_id: str, mode: Mode, event: str, k: int) -> list[int]:
-    done = subprocess.run(
-        [*CHILD, stores.url, stores.bucket, state_id, mode, event, str(k)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+@pytest.fixture(scope="module")
+def forker(moto_url: str) -> Iterator[Forker]:
+    """tests.s3._alone_child's processes, forked from one that imported it (tests/forked.py)."""
+    server = Forker("tests.s3._alone_child", endpoint=moto_url)
+    yield server
+    server.close()
+
+
+def child(
+    forker: Forker, stores: Stores, state_id: str, mode: Mode, event: str, k: int
+) -> list[int]:
+    done = forker.run(stores.url, stores.bucket, state_id, mode, event, str(k))
     if k:
         assert done.returncode == -9, (done.returncode, done.stderr)
     else:
@@ -55,22 +56,16 @@ def shape(state: State) -> tuple[list[tuple[str, str]], dict[str, object], str |
 # protocol's steps are the same in both drivers, tests/plugin checks them batch by batch).
 @pytest.mark.parametrize(("mode", "event"), [("sync", "before-send"), ("async", "after-call")])
 async def test_a_kill_at_any_request_leaves_what_a_save_left_and_the_run_goes_on(
-    mode: Mode, stores: Stores, event: str
+    mode: Mode, stores: Stores, event: str, forker: Forker
 ) -> None:
-    unkilled = subprocess.run(  # noqa: ASYNC221 - the test waits for its child alone
-        [*CHILD, stores.url, stores.bucket, "whole", mode, event, "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    unkilled = forker.run(stores.url, stores.bucket, "whole", mode, event, "0")
+    assert unkilled.returncode == 0, unkilled.stderr
     printed = [f"saved {n}" for n in range(1, 7)] + [f"requests {REQUESTS}"]
     assert unkilled.stdout.splitlines() == printed, unkilled.stdout
     whole = build(len(steps()))
     for k in range(1, REQUESTS + 1):
         state_id = f"k{k}"
-        returned = child(stores, state_id, mode, event, k)
+        returned = child(forker, stores, state_id, mode, event, k)
         reader = stores.new()
         record = await reader.aread(state_id)
         if record is None:

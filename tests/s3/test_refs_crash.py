@@ -10,12 +10,11 @@ rest of the history on top, and the State reads whole.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
+from tests.forked import Forker
 from tests.helpers import Mode
 from tests.s3._refs_child import HISTORY
 from tests.s3.helpers import Stores
@@ -23,22 +22,24 @@ from tests.s3.test_refs import entries, snapshot_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
-ROOT = Path(__file__).resolve().parents[2]
-CHILD = [sys.executable, "-m", "tests.s3._refs_child"]
 # The requests of the run killed nowhere: 3 of the create (2 entries, the snapshot), 1 of the
 # result saved alone (its PUT, which commits it), 3 of the last save; the first store object
 # also makes none before. Checked below, so a change of the count shows.
 REQUESTS = 7
 
 
-def child(stores: Stores, state_id: str, mode: Mode, event: str, k: int) -> list[str]:
-    done = subprocess.run(
-        [*CHILD, stores.url, stores.bucket, state_id, mode, event, str(k)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+@pytest.fixture(scope="module")
+def forker(moto_url: str) -> Iterator[Forker]:
+    """tests.s3._refs_child's processes, forked from one that imported it (tests/forked.py)."""
+    server = Forker("tests.s3._refs_child", endpoint=moto_url)
+    yield server
+    server.close()
+
+
+def child(
+    forker: Forker, stores: Stores, state_id: str, mode: Mode, event: str, k: int
+) -> list[str]:
+    done = forker.run(stores.url, stores.bucket, state_id, mode, event, str(k))
     if k:
         assert done.returncode == -9, (done.returncode, done.stderr)
     else:
@@ -50,22 +51,16 @@ def child(stores: Stores, state_id: str, mode: Mode, event: str, k: int) -> list
 # protocol's steps are the same in both drivers, tests/plugin checks them batch by batch).
 @pytest.mark.parametrize(("mode", "event"), [("sync", "before-send"), ("async", "after-call")])
 async def test_a_kill_at_any_request_leaves_a_state_that_loads_and_goes_on(
-    mode: Mode, stores: Stores, event: str
+    mode: Mode, stores: Stores, event: str, forker: Forker
 ) -> None:
     whole = HISTORY + entries(5, 7)
-    unkilled = subprocess.run(  # noqa: ASYNC221 - the test waits for its child alone
-        [*CHILD, stores.url, stores.bucket, "whole", mode, event, "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    unkilled = forker.run(stores.url, stores.bucket, "whole", mode, event, "0")
+    assert unkilled.returncode == 0, unkilled.stderr
     expected = ["saved", "2", "saved", "3", "saved", "5", "requests", str(REQUESTS)]
     assert unkilled.stdout.split() == expected, unkilled.stdout
     for k in range(1, REQUESTS + 1):
         state_id = f"k{k}"
-        returned = [int(n) for n in child(stores, state_id, mode, event, k)]
+        returned = [int(n) for n in child(forker, stores, state_id, mode, event, k)]
         record = await stores.io(mode).read(state_id)
         if record is None:
             assert returned == [], (k, returned)
