@@ -47,7 +47,9 @@ def one_certificate_bundle() -> str:
 
     path = os.path.join(tempfile.gettempdir(), "alpineagents-tests-one-ca.pem")
     if not os.path.exists(path):
-        with open(get_cert_path(True), encoding="ascii") as bundle:
+        full = get_cert_path(True)
+        assert full is not None, "botocore names no CA bundle"
+        with open(full, encoding="ascii") as bundle:
             first = re.search(
                 r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n", bundle.read(), re.S
             )
