@@ -24,6 +24,7 @@ from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.testing import StoreIO
 from alpineagents_s3 import Packed, S3Store, StoredObject
 from alpineagents_s3._layout import GENERATION_META
+from tests.forked import Forker
 from tests.helpers import MakeBucket, Mode, entry_dicts
 
 if TYPE_CHECKING:
@@ -120,6 +121,19 @@ async def save(store: S3Store, mode: Mode, state: State) -> None:
         await store.asave(state)
     else:
         await asyncio.to_thread(store.save, state)
+
+
+def saves_of_a_killed_child(
+    forker: Forker, stores: Stores, state_id: str, mode: Mode, event: str, k: int
+) -> list[int]:
+    """Run a crash test's child (``_alone_child``, ``_refs_child``): the saves it printed as
+    returned (``saved N``) before its SIGKILL at request ``k`` (``k == 0``: never killed)."""
+    done = forker.run(stores.url, stores.bucket, state_id, mode, event, str(k))
+    if k:
+        assert done.returncode == -9, (done.returncode, done.stderr)
+    else:
+        assert done.returncode == 0, done.stderr
+    return [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("saved")]
 
 
 def raw_client(endpoint_url: str) -> S3Client:

@@ -20,7 +20,7 @@ from alpineagents._resume import UNKNOWN_RESULT
 from tests.forked import Forker
 from tests.helpers import Mode
 from tests.s3._alone_child import build, steps
-from tests.s3.helpers import Stores, load, save
+from tests.s3.helpers import Stores, load, save, saves_of_a_killed_child
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
@@ -35,17 +35,6 @@ def forker(moto_url: str) -> Iterator[Forker]:
     server = Forker("tests.s3._alone_child", endpoint=moto_url)
     yield server
     server.close()
-
-
-def child(
-    forker: Forker, stores: Stores, state_id: str, mode: Mode, event: str, k: int
-) -> list[int]:
-    done = forker.run(stores.url, stores.bucket, state_id, mode, event, str(k))
-    if k:
-        assert done.returncode == -9, (done.returncode, done.stderr)
-    else:
-        assert done.returncode == 0, done.stderr
-    return [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("saved")]
 
 
 def shape(state: State) -> tuple[list[tuple[str, str]], dict[str, object], str | None]:
@@ -65,7 +54,7 @@ async def test_a_kill_at_any_request_leaves_what_a_save_left_and_the_run_goes_on
     whole = build(len(steps()))
     for k in range(1, REQUESTS + 1):
         state_id = f"k{k}"
-        returned = child(forker, stores, state_id, mode, event, k)
+        returned = saves_of_a_killed_child(forker, stores, state_id, mode, event, k)
         reader = stores.new()
         record = await reader.aread(state_id)
         if record is None:

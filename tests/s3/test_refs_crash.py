@@ -17,7 +17,7 @@ import pytest
 from tests.forked import Forker
 from tests.helpers import Mode
 from tests.s3._refs_child import HISTORY
-from tests.s3.helpers import Stores
+from tests.s3.helpers import Stores, saves_of_a_killed_child
 from tests.s3.test_refs import entries, snapshot_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
@@ -36,17 +36,6 @@ def forker(moto_url: str) -> Iterator[Forker]:
     server.close()
 
 
-def child(
-    forker: Forker, stores: Stores, state_id: str, mode: Mode, event: str, k: int
-) -> list[str]:
-    done = forker.run(stores.url, stores.bucket, state_id, mode, event, str(k))
-    if k:
-        assert done.returncode == -9, (done.returncode, done.stderr)
-    else:
-        assert done.returncode == 0, done.stderr
-    return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("saved")]
-
-
 # Each driver once and each kill point once (all four pairs cost the suite ~25 s more; the
 # protocol's steps are the same in both drivers, tests/plugin checks them batch by batch).
 @pytest.mark.parametrize(("mode", "event"), [("sync", "before-send"), ("async", "after-call")])
@@ -60,7 +49,7 @@ async def test_a_kill_at_any_request_leaves_a_state_that_loads_and_goes_on(
     assert unkilled.stdout.split() == expected, unkilled.stdout
     for k in range(1, REQUESTS + 1):
         state_id = f"k{k}"
-        returned = [int(n) for n in child(forker, stores, state_id, mode, event, k)]
+        returned = saves_of_a_killed_child(forker, stores, state_id, mode, event, k)
         record = await stores.io(mode).read(state_id)
         if record is None:
             assert returned == [], (k, returned)
