@@ -26,6 +26,8 @@ from botocore.configprovider import ConfiguredEndpointProvider
 from botocore.exceptions import BotoCoreError
 from botocore.loaders import Loader
 
+from alpineagents_s3._tls import share_sync_tls
+
 # Used unless AWS_RETRY_MODE / AWS_MAX_ATTEMPTS or the profile's config say otherwise.
 DEFAULT_RETRIES: Final = {"mode": "standard", "total_max_attempts": 5}
 
@@ -122,6 +124,7 @@ class Clients:
             client = MODELS.make_client(
                 session, lambda: session.client("s3", **self._client_kwargs(session))
             )
+        share_sync_tls(client)
         self.prepare(client)
         return client
 
@@ -138,7 +141,9 @@ class Clients:
             )
             MODELS.adopt(made)
             self.aio_session = made
-        return self.aio_session.client("s3", **self._client_kwargs(self.aio_session))
+        kwargs = self._client_kwargs(self.aio_session)
+        kwargs["config"] = self._aio_config(kwargs["config"])
+        return self.aio_session.client("s3", **kwargs)
 
     def prepare(self, client: Any) -> None:
         """Register the event hooks on a client just opened, and tell the store."""
@@ -176,6 +181,25 @@ class Clients:
             "region_name": self.region_name,
             "config": config,
         }
+
+    def _aio_config(self, merged: Config) -> Any:
+        """``merged`` as an aiobotocore ``AioConfig``, for an async client.
+
+        It has the connector arguments and http session class of the ``AioConfig`` given as
+        ``config`` (a merge of botocore Configs keeps neither), else the session class whose
+        TLS context is shared (``_tls``).
+        """
+        from aiobotocore.config import AioConfig
+
+        from alpineagents_s3._tls import session_class
+
+        given = self.config if isinstance(self.config, AioConfig) else None
+        options: dict[str, Any] = getattr(merged, "_user_provided_options", {})
+        return AioConfig(
+            getattr(given, "connector_args", None),
+            http_session_cls=session_class(given),
+            **options,
+        )
 
     def _import_aioboto3(self) -> Any:
         """aioboto3, for the async methods; it is the plugin's ``async`` extra."""

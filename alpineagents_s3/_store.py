@@ -82,7 +82,12 @@ class S3Store(Store):
             botocore's ``standard`` mode, 5 attempts (unless ``AWS_RETRY_MODE`` or
             ``AWS_MAX_ATTEMPTS`` or the profile set them), and a connection pool as large as
             ``max_concurrency``. ``Config(retries={"mode": "adaptive"})`` adds client-side rate
-            limiting under throttling.
+            limiting under throttling. An aiobotocore ``AioConfig`` also gives the async
+            clients its ``connector_args`` and ``http_session_cls``. The async clients share
+            one TLS context per CA bundle in the process (unless a proxy, a client
+            certificate or an ``http_session_cls`` of your own is configured), so a client
+            opened in a new event loop does not load the CA bundle again; it checks host
+            names, as the sync clients do.
         max_concurrency: At most this many requests at once per operation (entry PUTs of one
             save, entry GETs of one load, snapshot GETs of one list).
         server_side_encryption: ``"AES256"`` (SSE-S3), ``"aws:kms"`` or ``"aws:kms:dsse"``,

@@ -130,3 +130,24 @@ def test_the_proxy_answers_repeated_reads_and_listings_until_a_write(moto_url: s
         client.delete_object(Bucket="proxied", Key="a")
         assert keys() == []
         assert proxy.stats.cache_hits == hits + 2
+
+
+def test_the_tls_start_up_table_counts_the_bundle_loads() -> None:
+    """A short run of bench/tls_startup.py: its rows, and the loads that tell the two apart."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "tls_startup.py"), "--sizes", "10", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {
+        (cells[2], cells[3]): int(cells[6])
+        for line in done.stdout.splitlines()
+        if line.startswith("| 10 |") and (cells := [c.strip() for c in line.split("|")])
+    }
+    assert set(rows) == {(api, how) for api in ("sync", "async") for how in ("as botocore", "once")}
+    # A cold sync load opens a connection per GET at once: one load each, or one in all.
+    assert rows["sync", "as botocore"] > 1 and rows["sync", "once"] == 1, done.stdout
+    # The async clients: one per client, or none once the process has it.
+    assert rows["async", "as botocore"] == 1 and rows["async", "once"] == 0, done.stdout
