@@ -32,35 +32,6 @@ import alpineagents_s3
 EXPECT_CORE = "ALPINEAGENTS_EXPECT_CORE"
 
 
-def one_certificate_bundle() -> str:
-    """A CA bundle of one certificate (the first of botocore's), written once per machine.
-
-    The tests speak plain HTTP to servers on 127.0.0.1, so no certificate is ever checked; but
-    aiobotocore loads the whole CA bundle (~230 KB) into a new SSL context for every client it
-    opens, about 37 ms of CPU, half of what opening an async store and reading costs. With
-    ``AWS_CA_BUNDLE`` naming this file, each client loads one certificate instead.
-    """
-    import re
-    import tempfile
-
-    from botocore.httpsession import get_cert_path
-
-    path = os.path.join(tempfile.gettempdir(), "alpineagents-tests-one-ca.pem")
-    if not os.path.exists(path):
-        full = get_cert_path(True)
-        assert full is not None, "botocore names no CA bundle"
-        with open(full, encoding="ascii") as bundle:
-            first = re.search(
-                r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n", bundle.read(), re.S
-            )
-        assert first is not None, "botocore's CA bundle has no certificate"
-        partial = f"{path}.{os.getpid()}"
-        with open(partial, "w", encoding="ascii") as out:
-            out.write(first.group(0))
-        os.replace(partial, path)  # whole, for a process that reads it at once
-    return path
-
-
 # Dummy credentials moto accepts; the machine's AWS configuration is kept out.
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -69,7 +40,6 @@ AWS_ENV = {
     "AWS_CONFIG_FILE": os.devnull,
     "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
     "AWS_EC2_METADATA_DISABLED": "true",
-    "AWS_CA_BUNDLE": one_certificate_bundle(),
 }
 AWS_UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
