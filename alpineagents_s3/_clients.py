@@ -26,6 +26,7 @@ from botocore.configprovider import ConfiguredEndpointProvider
 from botocore.exceptions import BotoCoreError
 from botocore.loaders import Loader
 
+from alpineagents_s3._timestamps import fast_timestamps
 from alpineagents_s3._tls import share_sync_tls
 
 # Used unless AWS_RETRY_MODE / AWS_MAX_ATTEMPTS or the profile's config say otherwise.
@@ -146,7 +147,8 @@ class Clients:
         return self.aio_session.client("s3", **kwargs)
 
     def prepare(self, client: Any) -> None:
-        """Register the event hooks on a client just opened, and tell the store."""
+        """Prepare a client just opened: timestamps, event hooks; then tell the store."""
+        fast_timestamps(client)
         for event, handler in self.event_hooks.items():
             client.meta.events.register(event, handler)
         self.on_open(client)

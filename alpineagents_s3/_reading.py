@@ -34,6 +34,7 @@ from alpineagents_s3._layout import (
 )
 from alpineagents_s3._segments import Segment, chain, read_chain, segments_in
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
+from alpineagents_s3._timestamps import as_datetime
 from alpineagents_s3._translate import NOT_FOUND_CODES
 from alpineagents_s3._versions import Effective, Ledger, Version, unbroken_run
 from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
@@ -692,5 +693,7 @@ def objects(layout: Layout, state_id: str) -> Steps[list[StoredObject]]:
             kind = "abandoned"
         else:
             kind = "entry" if parsed else "segment"
-        found.append(StoredObject(key, int(item["Size"]), kind, seq, item["LastModified"]))
+        found.append(
+            StoredObject(key, int(item["Size"]), kind, seq, as_datetime(item["LastModified"]))
+        )
     return found

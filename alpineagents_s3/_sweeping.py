@@ -23,6 +23,7 @@ from alpineagents_s3._deleting import delete_keys
 from alpineagents_s3._layout import GENERATION_META, SNAPSHOT, Layout
 from alpineagents_s3._reading import list_all
 from alpineagents_s3._steps import Steps, error_code
+from alpineagents_s3._timestamps import as_datetime
 from alpineagents_s3._translate import NOT_FOUND_CODES
 
 logger = logging.getLogger("alpineagents_s3")
@@ -53,9 +54,10 @@ def sweep(layout: Layout, older_than: float, now: datetime | None = None) -> Ste
         generation = layout.generation_of(state_id, key) if state_id else None
         if generation is None:
             continue
-        keys, newest = found[state_id].get(generation, ([], item["LastModified"]))
+        modified = as_datetime(item["LastModified"])
+        keys, newest = found[state_id].get(generation, ([], modified))
         keys.append(key)
-        found[state_id][generation] = (keys, max(newest, item["LastModified"]))
+        found[state_id][generation] = (keys, max(newest, modified))
     named = yield from _named_generations(layout, [s for s in found if s in snapshots])
     doomed: list[str] = []
     for state_id, generations in found.items():

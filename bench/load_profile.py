@@ -13,8 +13,11 @@ script prints the wall time and the client CPU of a load, and the CPU spent on t
 read (``S3Store.read``, every thread), of which the segment bodies' parse (``loads_segment``
 in the drivers' threads, of which the JSON parser), the rebuild of the State
 (``Store._loaded``, of which ``state_from_record``) and what is left. ``--parse-after``
-parses the segments in the loading thread once all have arrived, to compare. With
-``--profile``, a cProfile (CPU time, loading thread only) of one load follows.
+parses the segments in the loading thread once all have arrived, to compare, and
+``--botocore-timestamps`` leaves the store's clients botocore's timestamp parser (see
+``alpineagents_s3._timestamps``). Then the client CPU of ``objects()``, a listing of every
+object of the State. With ``--profile``, a cProfile (CPU time, loading thread only) of one
+load follows.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import table  # noqa: E402  (the State and bucket of the table)
 
 from alpineagents import _saving  # noqa: E402
 from alpineagents.store import Store  # noqa: E402
-from alpineagents_s3 import S3Store, _codec, _segments  # noqa: E402
+from alpineagents_s3 import S3Store, _clients, _codec, _segments  # noqa: E402
 from alpineagents_s3._steps import Call  # noqa: E402
 
 PREFIX = "profile"
@@ -123,9 +126,16 @@ def main() -> None:
         action="store_true",
         help="parse the segments once all have arrived, in the loading thread",
     )
+    parser.add_argument(
+        "--botocore-timestamps",
+        action="store_true",
+        help="the store's clients parse timestamps with botocore's parser (dateutil)",
+    )
     args = parser.parse_args()
     if args.parse_after:
         setattr(_segments, "replace", _without_then)  # noqa: B010 - no public name for it
+    if args.botocore_timestamps:
+        setattr(_clients, "fast_timestamps", lambda client: None)  # noqa: B010 - as above
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "bench")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -185,6 +195,15 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
                 named += each
             print(f"  {label:<32} {each * 1000:7.1f} ms CPU per load")
         print(f"  {'the rest of the load':<32} {(total - named) * 1000:7.1f} ms CPU per load")
+        cpus = []
+        for _ in range(args.repeat):
+            cpu = time.process_time()
+            listed = store.objects(state_id)
+            cpus.append(time.process_time() - cpu)
+        print(
+            f"  objects(): {len(listed)} keys listed, client CPU "
+            f"{statistics.median(cpus) * 1000:.1f} ms (median)"
+        )
         if args.profile:
             profile = cProfile.Profile(time.process_time)
             profile.enable()
