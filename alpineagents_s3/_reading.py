@@ -12,6 +12,7 @@ again, segments included, and one that stays shorter means entry objects were de
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -46,6 +47,9 @@ RELISTS = 3
 # Keys of the first listing of entries, made before the read knows which are packed: a small
 # page is quick to answer, and the pages after it are full ones.
 FIRST_PAGE = 100
+# At most this many entries the snapshot counts after the segments are fetched with them, by
+# key (more are fetched as the listing names them).
+PREFETCH = 100
 
 
 class Fetched(NamedTuple):
@@ -243,8 +247,12 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
     covered = stored.meta.count
     segments = yield from _listed_segments(layout, state_id, generation, packed_page)
 
-    # The segments first, with the listing of the entries after them in the same round.
+    # The segments first, with the listing of the entries after them in the same round, and
+    # the GETs of the entries the snapshot counts after them: those are final, so their keys
+    # are known without a listing.
     packed: dict[int, dict[str, Any]] = {}
+    early: dict[int, Fetched] = {}
+    asked = False
     damaged: str | None = None
     start = 0  # entries below it were read from segments
     listed_from = 0  # the seq ``page`` lists from
@@ -257,9 +265,16 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
             listed_from = picked[-1].end
             last = layout.entry_key(state_id, generation, listed_from - 1)
             extra = [layout.list_page(mine, StartAfter=last)]
+        listing = len(extra)
+        tail = range(0)
+        if not asked:  # once, with the first segments
+            asked = True
+            tail = range(picked[-1].end, min(covered or 0, picked[-1].end + PREFETCH))
+            extra += [layout.get(layout.entry_key(state_id, generation, seq)) for seq in tail]
         reach, others = yield from read_chain(layout, picked, packed, extra)
-        if others:
+        if listing:
             page = others[0]
+        _prefetched(layout, state_id, generation, tail, others[listing:], early)
         start = max(start, reach.end)
         damaged = damaged or reach.damaged
         if not reach.gone:
@@ -269,6 +284,8 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
         segments = yield from _listed_segments(layout, state_id, generation, packed_page)
     entries = {seq: Fetched(entry, None) for seq, entry in packed.items()}
     del packed
+    for seq, found_early in early.items():
+        entries.setdefault(seq, found_early)
     if start < listed_from:  # a segment was damaged or gone: list the entries it covered
         skip = {"StartAfter": layout.entry_key(state_id, generation, start - 1)} if start else {}
         (page,) = yield from layout.send([layout.list_page(mine, **skip)])
@@ -318,6 +335,29 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
             "deleted or moved. Restore them from a bucket version, or delete the State"
         )
     return Gathered(stored, entries, listed, segments, gap, start)
+
+
+def _prefetched(
+    layout: Layout,
+    state_id: str,
+    generation: str,
+    seqs: range,
+    outcomes: Sequence[Outcome],
+    into: dict[int, Fetched],
+) -> None:
+    """Keep the entries GET by key before any listing named them (``gather``, round 2).
+
+    An entry that could not be read is left out: the listing finds it, and the GET made then
+    fails (or reads it) as any other; a key that is not there is for the listing to explain.
+    """
+    for seq, outcome in zip(seqs, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            continue
+        key = layout.entry_key(state_id, generation, seq)
+        try:
+            into[seq] = fetched(outcome, layout.url(key), seq)
+        except (CorruptStateError, SchemaVersionError):
+            continue
 
 
 def committed(entries: dict[int, Fetched], count: int, run: int) -> int:

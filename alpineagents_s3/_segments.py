@@ -95,7 +95,7 @@ def read_chain(
     into: dict[int, dict[str, Any]],
     extra: Sequence[Call] = (),
 ) -> Steps[tuple[Reach, list[Outcome]]]:
-    """GET the segments ``picked`` (with the calls ``extra`` in the same round) into ``into``.
+    """GET the segments ``picked`` (then the calls ``extra``, in the same round) into ``into``.
 
     Returns how far from ``picked[0].start`` the entries were read, and the outcomes of
     ``extra``. A segment not found or damaged ends the reach there; any other failure raises.
@@ -104,9 +104,9 @@ def read_chain(
         replace(layout.get(s.key), then=partial(_parse, layout.url(s.key), s.start, s.end))
         for s in picked
     ]
-    outcomes = yield from layout.send([*extra, *gets])
+    outcomes = yield from layout.send([*gets, *extra])
     reach = Reach(picked[0].start if picked else 0)
-    for i, segment in enumerate(picked, len(extra)):
+    for i, segment in enumerate(picked):
         outcome, outcomes[i] = outcomes[i], {}  # the entries are not kept twice
         if isinstance(outcome, Exception):
             if error_code(outcome) in NOT_FOUND_CODES:
@@ -125,7 +125,7 @@ def read_chain(
         for seq, entry in enumerate(entries, segment.start):
             into[seq] = entry
         reach.end = segment.end
-    return reach, outcomes[: len(extra)]
+    return reach, outcomes[len(gets) :]
 
 
 def _parse(
