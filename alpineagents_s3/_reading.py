@@ -1,7 +1,8 @@
 """The steps of ``S3Store.read``, ``list`` and ``objects``, and the listing they share.
 
 A read GETs the snapshot and lists the packed segments and the entries at once, then GETs the
-segments (``_segments``), then the entries after them, each page while it lists the next. It
+segments (``_segments``) with the entries the snapshot counts after them (by key: they are
+final), then the other entries after them, each page while it lists the next. It
 returns the unbroken run of entries from seq 0 only; entries beyond a gap (orphans of a save that
 was stopped halfway) are remembered with their ETags, not returned. The snapshot's metadata says
 how many entries were stored when it was written: a run shorter than that (a writer added entries
@@ -225,8 +226,11 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
     """The snapshot, and the entries from seq 0 on: from packed segments, then entry objects.
 
     Round 1 GETs the snapshot and lists the segments and the first page of entries; round 2
-    GETs the segments (and lists the entries after them); then the entries after the
-    segments are fetched, page by page. ``None`` when there is no snapshot.
+    GETs the segments and up to ``PREFETCH`` entries the snapshot counts after them (and
+    lists the entries after them); then the other entries after the segments are fetched,
+    page by page. An entry fetched by key is wasted when a pack took it into a segment
+    between the rounds, or made again when it could not be read. ``None`` when there is no
+    snapshot.
     """
     prefix = layout.entries_prefix(state_id)
     snap_key = layout.snapshot_key(state_id)

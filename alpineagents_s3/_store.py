@@ -287,12 +287,14 @@ class S3Store(Store):
         return self._sync.run(self._steps(objects, state_id))
 
     def pack(self, state_id: str, *, remove_entries: bool = False) -> Packed:
-        """Pack the State's saved entries into a few large objects, so it loads in 3 rounds.
+        """Pack the State's saved entries into a few large objects, so it loads in 2 or 3 rounds.
 
         The entries the stored snapshot counts are written into *packed segments*, objects of
         at least 128 KiB (or one object, for a smaller State), each written once with
         ``If-None-Match: *``. A load then reads the snapshot, the segments and the entries
-        saved after the pack: at most 3 rounds of requests up to 1,000 segments (about 1 GB).
+        saved after the pack: 2 rounds of requests, 3 with entries saved alone after the
+        snapshot or more than 100 since the pack, up to 1,000 segments (about 1 GB) and 1,000
+        entries since the pack (each 1,000 more of either adds a listing round).
         Packing again packs what was saved since, merging small segments into larger ones so
         that a State keeps a few. It is safe while the State is being run: only entries that
         are final are packed, and no save waits for it or is refused because of it.

@@ -5,19 +5,24 @@ On moto's server, sync and async. What could break, and is tried here: an entry 
 (by key, then as the listing names it); an entry saved alone after the snapshot taken as final,
 or missed; a prefetch that fails (refused, once or always), reads a damaged object or finds no
 object, hiding the error or changing it; more entries since the pack than are fetched by key;
-a damaged segment next to the prefetched entries.
+a damaged segment next to the prefetched entries; a first listing of entries that is
+truncated, so that the listing after the segments shares the round; a pack that merges or
+removes what the load listed, between its first round and its second; a concurrency of 1.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Generator
+from typing import Any
 
 import pytest
 
 from alpineagents import State
 from alpineagents._serialize import entry_to_dict
 from alpineagents.history import TOOL_RESULT
-from alpineagents_s3 import CorruptStateError, S3StoreError, _reading
+from alpineagents_s3 import CorruptStateError, S3Store, S3StoreError, _reading
+from alpineagents_s3._steps import Batch, Step
 from alpineagents_s3.testing import RequestLog
 from tests.helpers import Mode
 from tests.s3.helpers import Refuse, Stores, entry_key, load, pack, raw_client, run
@@ -27,11 +32,18 @@ SINCE = 10  # entries saved after the pack
 
 
 async def packed_with_tail(
-    stores: Stores, mode: Mode, state_id: str, *, remove: bool, since: int = SINCE
+    stores: Stores,
+    mode: Mode,
+    state_id: str,
+    *,
+    remove: bool,
+    since: int = SINCE,
+    turns: int = 20,
 ) -> State:
-    """A State of 41 entries, packed, then ``since`` more saved (the snapshot counts them)."""
+    """A State of ``2 * turns + 1`` entries (41), packed, then ``since`` more saved (the
+    snapshot counts them)."""
     state = State("prefetch", id=state_id)
-    run(state, 20)
+    run(state, turns)
     writer = stores.new()
     writer.save(state)
     await pack(stores.new(), mode, state_id, remove_entries=remove)
@@ -145,3 +157,85 @@ async def test_a_damaged_segment_next_to_the_prefetched_entries(
     assert "reading its entries from their own objects" in caplog.text
     fetched = gets_by_key(log)
     assert len(fetched) == 41 + SINCE and set(fetched.values()) == {1}, fetched
+
+
+async def test_a_truncated_first_listing_and_entries_since_the_pack(
+    mode: Mode, stores: Stores
+) -> None:
+    """121 entry objects kept: the first listing (100 keys) is truncated, so the listing of
+    the entries after the segment goes with the segment and the entries fetched by key."""
+    state = await packed_with_tail(stores, mode, "truncated", remove=False, turns=60)
+    log = RequestLog()
+    reader = stores.new(event_hooks=log.hooks)
+    rounds = Rounds(reader)
+    same(await load(reader, mode, state.id), state)
+    assert len(rounds.batches) == 2, rounds.batches
+    assert log.counts() == {"GET": 1 + 1 + SINCE, "LIST": 3}, log.counts()
+    fetched = gets_by_key(log)
+    assert len(fetched) == SINCE and set(fetched.values()) == {1}, fetched
+
+
+async def test_one_request_at_a_time(mode: Mode, stores: Stores) -> None:
+    state = await packed_with_tail(stores, mode, "one-at-a-time", remove=False, turns=60)
+    reader = stores.new(max_concurrency=1)
+    rounds = Rounds(reader)
+    same(await load(reader, mode, state.id), state)
+    assert len(rounds.batches) == 2, rounds.batches
+
+
+class Between:
+    """Runs ``action`` once, when the outcomes of a store's first batch of requests arrive and
+    before its steps see them: between a load's first round and its second."""
+
+    def __init__(self, store: S3Store, action: Callable[[], object]):
+        self.action, self.done = action, False
+        original = store._steps
+
+        def wrapped(operation: Any, *args: Any) -> Any:
+            return self._wrap(original(operation, *args))
+
+        setattr(store, "_steps", wrapped)  # noqa: B010 - an instance attribute on purpose
+
+    def _wrap(self, steps: Generator[Step, Any, Any]) -> Generator[Step, Any, Any]:
+        try:
+            step = next(steps)
+            while True:
+                outcomes = yield step
+                if isinstance(step, Batch) and not self.done:
+                    self.done = True
+                    self.action()
+                step = steps.send(outcomes)
+        except StopIteration as done:
+            return done.value
+
+
+@pytest.mark.parametrize("remove", [False, True], ids=["merged", "merged-and-removed"])
+async def test_a_pack_between_the_first_round_and_the_second(
+    mode: Mode, stores: Stores, remove: bool
+) -> None:
+    """The segment the load listed is taken into a larger one (and the entries it covers
+    removed) before the load fetches it: it lists the segments again and reads the new one.
+    The entries it had fetched by key are wasted, but none is fetched twice."""
+    state = await packed_with_tail(stores, mode, f"race-{remove:d}", remove=False)
+    log = RequestLog()
+    reader = stores.new(event_hooks=log.hooks)
+    packer = stores.new()
+    Between(reader, lambda: packer.pack(state.id, remove_entries=remove))
+    same(await load(reader, mode, state.id), state)
+    fetched = gets_by_key(log)
+    assert len(fetched) <= SINCE and set(fetched.values()) <= {1}, fetched
+
+
+async def test_a_damaged_segment_and_a_truncated_first_listing(
+    mode: Mode, stores: Stores, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = await packed_with_tail(stores, mode, "damaged-truncated", remove=False, turns=60)
+    client = raw_client(stores.url)
+    listed = client.list_objects_v2(Bucket=stores.bucket, Prefix=f"runs/{state.id}/packed/")
+    (segment,) = [item["Key"] for item in listed["Contents"]]
+    client.put_object(Bucket=stores.bucket, Key=segment, Body=b"[damaged")
+    log = RequestLog()
+    same(await load(stores.new(event_hooks=log.hooks), mode, state.id), state)
+    assert "reading its entries from their own objects" in caplog.text
+    fetched = gets_by_key(log)
+    assert len(fetched) == 121 + SINCE and set(fetched.values()) == {1}, fetched
