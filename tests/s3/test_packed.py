@@ -71,9 +71,15 @@ class Rounds:
             while True:
                 if isinstance(step, Batch):
                     self.batches.append(len(step.calls))
-                step = steps.send((yield step))
+                outcomes = yield step
+                if isinstance(step, Batch):
+                    self.answered(len(self.batches))
+                step = steps.send(outcomes)
         except StopIteration as done:
             return done.value
+
+    def answered(self, batch: int) -> None:
+        """Batch number ``batch`` (from 1) was answered; its steps have not seen it yet."""
 
 
 def kinds(found: list[Any]) -> Counter[str]:

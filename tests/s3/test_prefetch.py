@@ -13,8 +13,7 @@ removes what the load listed, between its first round and its second; a concurre
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -22,7 +21,6 @@ from alpineagents import State
 from alpineagents._serialize import entry_to_dict
 from alpineagents.history import TOOL_RESULT
 from alpineagents_s3 import CorruptStateError, S3Store, S3StoreError, _reading
-from alpineagents_s3._steps import Batch, Step
 from alpineagents_s3.testing import RequestLog
 from tests.helpers import Mode
 from tests.s3.helpers import Refuse, Stores, entry_key, load, pack, raw_client, run
@@ -144,21 +142,6 @@ async def test_a_damaged_or_missing_entry_since_the_pack_fails_as_before(
         assert f"holds {41 + 5} in a row" in message, message
 
 
-async def test_a_damaged_segment_next_to_the_prefetched_entries(
-    mode: Mode, stores: Stores, caplog: pytest.LogCaptureFixture
-) -> None:
-    state = await packed_with_tail(stores, mode, "segment", remove=False)
-    client = raw_client(stores.url)
-    listed = client.list_objects_v2(Bucket=stores.bucket, Prefix=f"runs/{state.id}/packed/")
-    (segment,) = [item["Key"] for item in listed["Contents"]]
-    client.put_object(Bucket=stores.bucket, Key=segment, Body=b"[damaged")
-    log = RequestLog()
-    same(await load(stores.new(event_hooks=log.hooks), mode, state.id), state)
-    assert "reading its entries from their own objects" in caplog.text
-    fetched = gets_by_key(log)
-    assert len(fetched) == 41 + SINCE and set(fetched.values()) == {1}, fetched
-
-
 async def test_a_truncated_first_listing_and_entries_since_the_pack(
     mode: Mode, stores: Stores
 ) -> None:
@@ -183,30 +166,17 @@ async def test_one_request_at_a_time(mode: Mode, stores: Stores) -> None:
     assert len(rounds.batches) == 2, rounds.batches
 
 
-class Between:
+class Between(Rounds):
     """Runs ``action`` once, when the outcomes of a store's first batch of requests arrive and
     before its steps see them: between a load's first round and its second."""
 
     def __init__(self, store: S3Store, action: Callable[[], object]):
-        self.action, self.done = action, False
-        original = store._steps
+        super().__init__(store)
+        self.action = action
 
-        def wrapped(operation: Any, *args: Any) -> Any:
-            return self._wrap(original(operation, *args))
-
-        setattr(store, "_steps", wrapped)  # noqa: B010 - an instance attribute on purpose
-
-    def _wrap(self, steps: Generator[Step, Any, Any]) -> Generator[Step, Any, Any]:
-        try:
-            step = next(steps)
-            while True:
-                outcomes = yield step
-                if isinstance(step, Batch) and not self.done:
-                    self.done = True
-                    self.action()
-                step = steps.send(outcomes)
-        except StopIteration as done:
-            return done.value
+    def answered(self, batch: int) -> None:
+        if batch == 1:
+            self.action()
 
 
 @pytest.mark.parametrize("remove", [False, True], ids=["merged", "merged-and-removed"])
@@ -226,10 +196,13 @@ async def test_a_pack_between_the_first_round_and_the_second(
     assert len(fetched) <= SINCE and set(fetched.values()) <= {1}, fetched
 
 
-async def test_a_damaged_segment_and_a_truncated_first_listing(
-    mode: Mode, stores: Stores, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("turns", [20, 60], ids=["one-listing", "truncated-listing"])
+async def test_a_damaged_segment_next_to_the_prefetched_entries(
+    mode: Mode, stores: Stores, caplog: pytest.LogCaptureFixture, turns: int
 ) -> None:
-    state = await packed_with_tail(stores, mode, "damaged-truncated", remove=False, turns=60)
+    """The segment's entries are read from their objects, the prefetched ones not again, with
+    a first listing of entries that holds them all (41) or is truncated (121)."""
+    state = await packed_with_tail(stores, mode, f"damaged-{turns}", remove=False, turns=turns)
     client = raw_client(stores.url)
     listed = client.list_objects_v2(Bucket=stores.bucket, Prefix=f"runs/{state.id}/packed/")
     (segment,) = [item["Key"] for item in listed["Contents"]]
@@ -238,4 +211,4 @@ async def test_a_damaged_segment_and_a_truncated_first_listing(
     same(await load(stores.new(event_hooks=log.hooks), mode, state.id), state)
     assert "reading its entries from their own objects" in caplog.text
     fetched = gets_by_key(log)
-    assert len(fetched) == 121 + SINCE and set(fetched.values()) == {1}, fetched
+    assert len(fetched) == 2 * turns + 1 + SINCE and set(fetched.values()) == {1}, fetched
