@@ -27,7 +27,7 @@ from botocore.exceptions import BotoCoreError
 from botocore.loaders import Loader
 
 from alpineagents_s3._timestamps import fast_timestamps
-from alpineagents_s3._tls import share_sync_tls
+from alpineagents_s3._tls import session_class, share_sync_tls
 
 # Used unless AWS_RETRY_MODE / AWS_MAX_ATTEMPTS or the profile's config say otherwise.
 DEFAULT_RETRIES: Final = {"mode": "standard", "total_max_attempts": 5}
@@ -192,8 +192,6 @@ class Clients:
         TLS context is shared (``_tls``).
         """
         from aiobotocore.config import AioConfig
-
-        from alpineagents_s3._tls import session_class
 
         given = self.config if isinstance(self.config, AioConfig) else None
         options: dict[str, Any] = getattr(merged, "_user_provided_options", {})

@@ -68,8 +68,8 @@ def fast_timestamps(client: Any) -> None:
     ``timestamp_parser`` (the AWS CLI gives one) keeps it, and a client built otherwise than
     botocore and aiobotocore build theirs is left as it is.
     """
-    endpoint = getattr(client, "_endpoint", None)
-    factory = getattr(endpoint, "_response_parser_factory", None)
+    endpoint: Any = getattr(client, "_endpoint", None)  # botocore's own attributes
+    factory: Any = getattr(endpoint, "_response_parser_factory", None)
     defaults = getattr(factory, "_defaults", None)
     if not isinstance(defaults, dict) or not hasattr(factory, "create_parser"):
         logger.debug("%r: botocore's timestamp parser kept (no parser factory found)", client)
@@ -77,8 +77,8 @@ def fast_timestamps(client: Any) -> None:
     if "timestamp_parser" in defaults:
         return
     own = copy.copy(factory)
-    own._defaults = {**defaults, "timestamp_parser": parse_timestamp}  # type: ignore[union-attr]
-    endpoint._response_parser_factory = own  # type: ignore[union-attr]
+    own._defaults = {**defaults, "timestamp_parser": parse_timestamp}
+    endpoint._response_parser_factory = own
 
 
 def as_datetime(value: datetime | str) -> datetime:

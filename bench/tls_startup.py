@@ -169,7 +169,8 @@ def main() -> None:
             # Module functions replaced for the runs, and put back after them.
             share = (lambda client: None) if on else _tls.share_sync_tls
             setattr(_clients, "share_sync_tls", share)  # noqa: B010
-            setattr(_tls, "session_class", (lambda c: AIOHTTPSession) if on else session_class)  # noqa: B010
+            made = (lambda c: AIOHTTPSession) if on else session_class
+            setattr(_clients, "session_class", made)  # noqa: B010
 
         print()
         print("| N | API | CA loaded | CPU | wall | CA loads |")
