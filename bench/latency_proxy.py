@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import socketserver
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Self
 from urllib.parse import urlsplit
 
@@ -69,7 +69,24 @@ class Stats:
         self.cache_hits = self.waves = self.bytes_out = self.peak_in_flight = 0
 
 
-class LatencyProxy:
+class Serving:
+    """A server of bench/ as a context manager: served on a daemon thread while entered."""
+
+    def __init__(self, server: socketserver.BaseServer) -> None:
+        self._served = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._served.shutdown()
+        self._served.server_close()
+        self._thread.join(10)
+
+
+class LatencyProxy(Serving):
     """The proxy, run in threads of this process for as long as the ``with`` block lasts."""
 
     def __init__(
@@ -88,26 +105,12 @@ class LatencyProxy:
         self._local = threading.local()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(self._server)
 
     @property
     def url(self) -> str:
         """The proxy's endpoint URL, for ``S3Store(endpoint_url=...)``."""
         return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(10)
 
     # Inside the handler threads ---------------------------------------------------------
 

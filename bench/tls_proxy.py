@@ -19,16 +19,14 @@ import select
 import socket
 import socketserver
 import ssl
-import threading
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 from urllib.parse import urlsplit
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from latency_proxy import Serving
 
 
 def _name(common: str) -> x509.Name:
@@ -101,7 +99,7 @@ def make_ca_and_server(folder: Path, tag: str) -> tuple[Path, Path, Path]:
     return bundle, cert, key_file
 
 
-class TLSProxy(socketserver.ThreadingTCPServer):
+class TLSProxy(Serving, socketserver.ThreadingTCPServer):
     """TLS on 127.0.0.1 in front of a plain HTTP server: each connection piped to it."""
 
     daemon_threads = True
@@ -113,27 +111,13 @@ class TLSProxy(socketserver.ThreadingTCPServer):
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
         self.handshakes = 0  # completed: a client that refused the certificate is not counted
-        super().__init__(("127.0.0.1", 0), _Pipe)
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        socketserver.ThreadingTCPServer.__init__(self, ("127.0.0.1", 0), _Pipe)
+        Serving.__init__(self, self)  # its own server; Serving's __enter__ and __exit__
 
     @property
     def url(self) -> str:
         """The proxy's endpoint URL, for ``S3Store(endpoint_url=...)``."""
         return f"https://127.0.0.1:{self.server_address[1]}"
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.shutdown()
-        self.server_close()
-        self._thread.join(10)
 
 
 class _Pipe(socketserver.BaseRequestHandler):

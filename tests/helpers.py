@@ -9,11 +9,14 @@ import asyncio
 import copy
 import logging
 import os
+import subprocess
+import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from alpineagents import Agent, FileStore, SavedState, State, Store
@@ -26,6 +29,25 @@ Mode = Literal["sync", "async"]
 
 # ``make(versioned=False) -> name``: a new, empty bucket (the ``moto_bucket`` fixture).
 MakeBucket = Callable[..., str]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_bench(
+    script: str, *args: str, timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python bench/<script> <args>`` as a user starts it; a failed run fails the test with
+    the end of what it printed on stderr."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 # S3 servers ----------------------------------------------------------------------------------

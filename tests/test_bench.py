@@ -9,42 +9,27 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import boto3
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT, run_bench
+
 DELAY_MS = 20
 
 
 def run_table(tmp_path: Path) -> tuple[str, dict[str, Any]]:
     figures = tmp_path / "figures.json"
     env = dict(os.environ, PEER_VENV=str(tmp_path / "no-peer"))
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "table.py"),
-            "--sizes",
-            "10",
-            "--repeat",
-            "1",
-            "--turns",
-            "1",
-            "--delay-ms",
-            str(DELAY_MS),
-            "--json",
-            str(figures),
-        ],
-        capture_output=True,
-        text=True,
+    done = run_bench(
+        "table.py",
+        *("--sizes", "10", "--repeat", "1", "--turns", "1"),
+        *("--delay-ms", str(DELAY_MS), "--json", str(figures)),
         timeout=120,
         env=env,
-        check=False,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     loaded: dict[str, Any] = json.loads(figures.read_text())
     return done.stdout, loaded
 
@@ -134,13 +119,7 @@ def test_the_proxy_answers_repeated_reads_and_listings_until_a_write(moto_url: s
 
 def test_the_tls_start_up_table_counts_the_bundle_loads() -> None:
     """A short run of bench/tls_startup.py: its rows, and the loads that tell the two apart."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "tls_startup.py"), "--sizes", "10", "--repeat", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_bench("tls_startup.py", "--sizes", "10", "--repeat", "1", timeout=300)
     rows = {
         (cells[2], cells[3]): int(cells[6])
         for line in done.stdout.splitlines()

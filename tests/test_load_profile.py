@@ -7,23 +7,13 @@ phase is printed for both States, and the parts are not more than the whole they
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from itertools import takewhile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import run_bench
 
 
 def test_the_profile_prints_every_phase_of_both_loads() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "load_profile.py"), "--n", "60", "--repeat", "2"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bench("load_profile.py", "--n", "60", "--repeat", "2", timeout=180)
     printed = done.stdout
     for state_id in ("kept", "removed"):
         # The lines of this State's phases: indented, under its "<id>: wall ..." line.

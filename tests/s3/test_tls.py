@@ -50,6 +50,16 @@ def tls(
         yield proxy, bundle, other
 
 
+@pytest.fixture
+def trusted(
+    tls: tuple[TLSProxy, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> tuple[TLSProxy, Path]:
+    """The proxy and the bundle of its CA, which ``AWS_CA_BUNDLE`` names for the test."""
+    proxy, bundle, _ = tls
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    return proxy, bundle
+
+
 @pytest.fixture(autouse=True)
 def no_shared_contexts() -> Iterator[None]:
     """Each test starts with no context shared yet, whatever ran before it in the process."""
@@ -94,13 +104,11 @@ def save_and_read(store: S3Store, mode: Mode, state_id: str, entries: int = 2) -
 
 
 def test_a_sync_client_loads_the_bundle_once_for_all_its_connections(
-    tls: tuple[TLSProxy, Path, Path],
+    trusted: tuple[TLSProxy, Path],
     bucket: str,
     loads: list[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    proxy, bundle, _ = tls
-    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    proxy, bundle = trusted
     before = proxy.handshakes
     store = S3Store(bucket, endpoint_url=proxy.url)
     # 40 entry PUTs, the snapshot's, then a load: 16 at once, each on a connection of its own.
@@ -112,13 +120,11 @@ def test_a_sync_client_loads_the_bundle_once_for_all_its_connections(
 
 
 def test_clients_of_new_event_loops_verify_with_one_load_of_the_bundle(
-    tls: tuple[TLSProxy, Path, Path],
+    trusted: tuple[TLSProxy, Path],
     bucket: str,
     loads: list[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    proxy, bundle, _ = tls
-    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    proxy, bundle = trusted
     before = proxy.handshakes
     # One store used in three event loops (a serverless handler's asyncio.run per event),
     # and a second store: four async clients, one load of the bundle.
@@ -198,12 +204,11 @@ def test_a_bundle_replaced_on_disk_is_loaded_again(
 
 
 def test_a_certificate_for_another_host_name_is_refused(
-    mode: Mode, tls: tuple[TLSProxy, Path, Path], bucket: str, monkeypatch: pytest.MonkeyPatch
+    mode: Mode, trusted: tuple[TLSProxy, Path], bucket: str
 ) -> None:
     """The proxy's certificate names 127.0.0.1 alone: at ``localhost`` it is refused, by the
     async clients too (aiobotocore's own context did not check host names)."""
-    proxy, bundle, _ = tls
-    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    proxy, _ = trusted
     url = proxy.url.replace("127.0.0.1", "localhost")
     store = S3Store(bucket, endpoint_url=url, config=AioConfig(retries={"max_attempts": 1}))
     with pytest.raises(S3StoreError, match=r"match|mismatch|not valid for"):
@@ -212,11 +217,10 @@ def test_a_certificate_for_another_host_name_is_refused(
 
 
 def test_a_process_forked_while_a_bundle_loads_is_not_stuck(
-    tls: tuple[TLSProxy, Path, Path], bucket: str, monkeypatch: pytest.MonkeyPatch
+    trusted: tuple[TLSProxy, Path], bucket: str
 ) -> None:
     """A lock held by another thread at a fork (a load under way) is not the child's."""
-    proxy, bundle, _ = tls
-    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    proxy, _ = trusted
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -247,12 +251,11 @@ def test_a_process_forked_while_a_bundle_loads_is_not_stuck(
 
 
 def test_a_sync_pool_is_set_up_as_botocore_does_it_but_for_the_bundle(
-    tls: tuple[TLSProxy, Path, Path], monkeypatch: pytest.MonkeyPatch
+    trusted: tuple[TLSProxy, Path],
 ) -> None:
     """A canary for a botocore that sets up its pools otherwise: what ``_setup_ssl_cert``
     sets on a pool is botocore's, but ``ca_certs``, whose bundle is in the context instead."""
-    proxy, bundle, _ = tls
-    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    proxy, bundle = trusted
     pools = []
     for share in (False, True):
         client = boto3.client("s3", endpoint_url=proxy.url)
@@ -272,10 +275,9 @@ def test_a_sync_pool_is_set_up_as_botocore_does_it_but_for_the_bundle(
 
 
 def test_through_a_proxy_the_clients_are_as_botocore_makes_them(
-    tls: tuple[TLSProxy, Path, Path], monkeypatch: pytest.MonkeyPatch
+    trusted: tuple[TLSProxy, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proxy, bundle, _ = tls
-    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    proxy, bundle = trusted
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
@@ -308,10 +310,9 @@ def test_through_a_proxy_the_clients_are_as_botocore_makes_them(
 
 
 def test_a_client_given_to_the_store_is_left_as_it_is(
-    tls: tuple[TLSProxy, Path, Path], bucket: str, monkeypatch: pytest.MonkeyPatch
+    trusted: tuple[TLSProxy, Path], bucket: str
 ) -> None:
-    proxy, bundle, _ = tls
-    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    proxy, _ = trusted
     client = boto3.client("s3", endpoint_url=proxy.url)
     http: Any = client._endpoint.http_session  # type: ignore[attr-defined]  # botocore's own
     setup = http._setup_ssl_cert
