@@ -17,6 +17,7 @@ import signal
 import ssl
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def no_shared_contexts() -> Iterator[None]:
 
 @pytest.fixture
 def bucket(moto_url: str) -> str:
-    name = f"tls-{threading.get_ident() % 10_000}-{id(object())}"
+    name = f"tls-{uuid.uuid4().hex[:20]}"  # (an id() may be the last test's again)
     boto3.client("s3", endpoint_url=moto_url).create_bucket(Bucket=name)
     return name
 
