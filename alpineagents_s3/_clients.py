@@ -26,6 +26,7 @@ from botocore.configprovider import ConfiguredEndpointProvider
 from botocore.exceptions import BotoCoreError
 from botocore.loaders import Loader
 
+from alpineagents_s3._endpoints import cache_endpoints
 from alpineagents_s3._timestamps import fast_timestamps
 from alpineagents_s3._tls import session_class, share_sync_tls
 
@@ -147,8 +148,9 @@ class Clients:
         return self.aio_session.client("s3", **kwargs)
 
     def prepare(self, client: Any) -> None:
-        """Prepare a client just opened: timestamps, event hooks; then tell the store."""
+        """Prepare a client just opened: timestamps, endpoints, event hooks; then tell the store."""
         fast_timestamps(client)
+        cache_endpoints(client)
         for event, handler in self.event_hooks.items():
             client.meta.events.register(event, handler)
         self.on_open(client)

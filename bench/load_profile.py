@@ -6,7 +6,8 @@
     python bench/load_profile.py --moto http://127.0.0.1:5123 --proxy http://127.0.0.1:5124
 
 A State of ``--n`` entries (the entries of ``bench/table.py``) is saved and packed, keeping
-the entry objects (``kept``) and removing them (``removed``); with ``--moto`` and ``--proxy``,
+the entry objects (``kept``) and removing them (``removed``), and with ``--unpacked`` saved
+and left unpacked (``unpacked``, one GET an entry); with ``--moto`` and ``--proxy``,
 later runs find them on the same server, which saves the minutes of saving 10,000 entries.
 Each load is timed through the proxy after one that fills its memory. For each State, the
 script prints the wall time and the client CPU of a load, and the CPU spent on the way: the
@@ -15,9 +16,10 @@ in the drivers' threads, of which the JSON parser), the rebuild of the State
 (``Store._loaded``, of which ``state_from_record``) and what is left. ``--parse-after``
 parses the segments in the loading thread once all have arrived, to compare, and
 ``--botocore-timestamps`` leaves the store's clients botocore's timestamp parser (see
-``alpineagents_s3._timestamps``). Then the client CPU of ``objects()``, a listing of every
-object of the State. With ``--profile``, a cProfile (CPU time, loading thread only) of one
-load follows.
+``alpineagents_s3._timestamps``), ``--botocore-endpoints`` botocore's endpoint resolution
+for each key (see ``alpineagents_s3._endpoints``). Then the client CPU of ``objects()``, a
+listing of every object of the State. With ``--profile``, a cProfile (CPU time, loading
+thread only) of one load follows.
 """
 
 from __future__ import annotations
@@ -100,16 +102,22 @@ def _without_then(call: Call, then: object) -> Call:
     return call
 
 
-def ensure_states(moto: str, n: int) -> None:
-    """Save and pack the two States once; a later run finds them."""
+# The States loaded: whether each is packed, and whether its pack removes the entry objects.
+STATES = {"kept": (True, False), "removed": (True, True), "unpacked": (False, False)}
+
+
+def ensure_states(moto: str, n: int, names: list[str]) -> None:
+    """Save (and pack) the States ``names`` once; a later run finds them."""
     store = S3Store(table.BUCKET, PREFIX, endpoint_url=moto)
     try:
-        for state_id, remove in (("kept", False), ("removed", True)):
+        for state_id in names:
+            packed, remove = STATES[state_id]
             if store.get(state_id) is not None:
                 continue
             print(f"saving {n} entries as {state_id!r}", flush=True)
             store.save(table.make_state(n, state_id))
-            store.pack(state_id, remove_entries=remove)
+            if packed:
+                store.pack(state_id, remove_entries=remove)
     finally:
         store.close()
 
@@ -131,11 +139,23 @@ def main() -> None:
         action="store_true",
         help="the store's clients parse timestamps with botocore's parser (dateutil)",
     )
+    parser.add_argument(
+        "--unpacked",
+        action="store_true",
+        help="load a third State, never packed: one GET an entry",
+    )
+    parser.add_argument(
+        "--botocore-endpoints",
+        action="store_true",
+        help="the store's clients resolve each key's endpoint as botocore does (no cache hit)",
+    )
     args = parser.parse_args()
     if args.parse_after:
         setattr(_segments, "replace", _without_then)  # noqa: B010 - no public name for it
     if args.botocore_timestamps:
         setattr(_clients, "fast_timestamps", lambda client: None)  # noqa: B010 - as above
+    if args.botocore_endpoints:
+        setattr(_clients, "cache_endpoints", lambda client: None)  # noqa: B010 - as above
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "bench")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -158,11 +178,12 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
     session = boto3.Session()
     with contextlib.suppress(Exception):  # made by an earlier run on the same server
         session.client("s3", endpoint_url=moto).create_bucket(Bucket=table.BUCKET)
-    ensure_states(moto, args.n)
+    names = ["kept", "removed", *(["unpacked"] if args.unpacked else [])]
+    ensure_states(moto, args.n, names)
     store = S3Store(table.BUCKET, PREFIX, endpoint_url=proxy, session=session)
     store.get("warm-up")
     phases = Phases()
-    for state_id in ("kept", "removed"):
+    for state_id in names:
         loaded = store.load(state_id)  # fills the proxy's memory
         # (A load may add one: the result of a tool call the saved history ends with.)
         if len(loaded.history) < args.n:
