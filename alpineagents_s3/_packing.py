@@ -37,7 +37,7 @@ from alpineagents_s3._contract import Record
 from alpineagents_s3._deleting import delete_keys
 from alpineagents_s3._layout import GENERATION_META, Layout
 from alpineagents_s3._reading import Gathered, gather, list_all, read_gathered
-from alpineagents_s3._segments import Segment, chain
+from alpineagents_s3._segments import Known, Segment, chain
 from alpineagents_s3._steps import Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger
@@ -72,13 +72,21 @@ class Packed:
     removed: tuple[str, ...]
 
 
-def pack(layout: Layout, state_id: str, remove_entries: bool) -> Steps[Packed]:
-    """Pack the entries the stored snapshot counts; see the module docstring."""
+def pack(
+    layout: Layout, state_id: str, remove_entries: bool, ledger: Ledger | None = None
+) -> Steps[Packed]:
+    """Pack the entries the stored snapshot counts; see the module docstring.
+
+    With ``ledger`` (the store object's), the next read knows the chain of segments written.
+    """
     validate_id(state_id)
     found = yield from gather(layout, state_id)
     if found is None:
         raise layout.not_found(state_id)
-    return (yield from pack_gathered(layout, state_id, found, remove_entries))
+    packed = yield from pack_gathered(layout, state_id, found, remove_entries)
+    if ledger is not None:
+        ledger.know_chain(state_id, chain_after(layout, state_id, found, packed))
+    return packed
 
 
 def read_and_pack(
@@ -110,7 +118,21 @@ def read_and_pack(
             layout.url(layout.state_prefix(state_id)),
             packed.covered,
         )
+        ledger.know_chain(state_id, chain_after(layout, state_id, found, packed))
     return record
+
+
+def chain_after(layout: Layout, state_id: str, found: Gathered, packed: Packed) -> Known | None:
+    """The chain of segments after a pack of ``found``, for the next read of the State."""
+    generation = found.stored.meta.generation
+    kept = [s for s in found.segments if s.key not in packed.removed]
+    for key in packed.written:
+        parsed = layout.parse_segment_key(state_id, key)
+        if parsed is not None:
+            kept.append(Segment(key, parsed[1], parsed[2], 0))
+    count = found.stored.meta.count or 0
+    picked = tuple(s for s in chain(kept, count) if s.end <= packed.covered)
+    return Known(generation, picked, count) if picked else None
 
 
 def unpacked(found: Gathered) -> int:

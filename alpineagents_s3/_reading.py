@@ -34,7 +34,7 @@ from alpineagents_s3._layout import (
     Layout,
     StoredSnapshot,
 )
-from alpineagents_s3._segments import Segment, chain, read_chain, segments_in
+from alpineagents_s3._segments import Known, Reach, Segment, chain, read_chain, segments_in
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
 from alpineagents_s3._timestamps import as_datetime
 from alpineagents_s3._translate import NOT_FOUND_CODES
@@ -144,7 +144,8 @@ def read_gathered(
     """``read``, and what it gathered (for a pack of what it read)."""
     validate_id(state_id)
     held = ledger.versions.get(state_id)
-    found = yield from gather(layout, state_id)
+    found = yield from gather(layout, state_id, known=ledger.chains.get(state_id))
+    ledger.know_chain(state_id, None if found is None else known_chain(found))
     if found is None:
         return None, None
     stored, entries, listed = found.stored, found.entries, found.listed
@@ -222,7 +223,9 @@ def read_gathered(
     return record, found
 
 
-def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathered | None]:
+def gather(
+    layout: Layout, state_id: str, again: int = RELISTS, known: Known | None = None
+) -> Steps[Gathered | None]:
     """The snapshot, and the entries from seq 0 on: from packed segments, then entry objects.
 
     Round 1 GETs the snapshot and lists the segments and the first page of entries; round 2
@@ -231,16 +234,31 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
     page by page. An entry fetched by key is wasted when a pack took it into a segment
     between the rounds, or made again when it could not be read. ``None`` when there is no
     snapshot.
+
+    With ``known``, the chain the last read of this store object read, round 1 also GETs its
+    segments and the final entries after them, and lists the entries from its end: a State
+    packed since that read needs no round 2 (see :func:`warm_round`).
     """
     prefix = layout.entries_prefix(state_id)
     snap_key = layout.snapshot_key(state_id)
-    snap_out, packed_page, page = yield from layout.send(
-        [
-            layout.get(snap_key),
-            layout.list_page(layout.packed_prefix(state_id)),
-            layout.list_page(prefix, MaxKeys=FIRST_PAGE),
-        ]
-    )
+    packed: dict[int, dict[str, Any]] = {}
+    early: dict[int, Fetched] = {}
+    asked = False
+    damaged: str | None = None
+    start = 0  # entries below it were read from segments
+    listed_from = 0  # the seq ``page`` lists from
+    if known is None:
+        snap_out, packed_page, page = yield from layout.send(
+            [
+                layout.get(snap_key),
+                layout.list_page(layout.packed_prefix(state_id)),
+                layout.list_page(prefix, MaxKeys=FIRST_PAGE),
+            ]
+        )
+        warm = None
+    else:
+        warm = yield from warm_round(layout, state_id, known, packed)
+        snap_out, packed_page, page = warm.snapshot, warm.packed_page, warm.page
     if isinstance(snap_out, Exception):
         if error_code(snap_out) in NOT_FOUND_CODES:
             return None
@@ -249,17 +267,20 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
     generation = stored.meta.generation
     mine = f"{prefix}{generation}/"
     covered = stored.meta.count
+    if warm is not None and known is not None:
+        if generation != known.generation or (covered or 0) < known.count:
+            # Deleted and created again since: what the chain holds is another State's.
+            return (yield from gather(layout, state_id, again))
+        _prefetched(layout, state_id, generation, warm.tail, warm.tail_outcomes, early)
+        asked = True
+        start = warm.reach.end
+        damaged = warm.reach.damaged
+        listed_from = known.end
     segments = yield from _listed_segments(layout, state_id, generation, packed_page)
 
     # The segments first, with the listing of the entries after them in the same round, and
     # the GETs of the entries the snapshot counts after them: those are final, so their keys
     # are known without a listing.
-    packed: dict[int, dict[str, Any]] = {}
-    early: dict[int, Fetched] = {}
-    asked = False
-    damaged: str | None = None
-    start = 0  # entries below it were read from segments
-    listed_from = 0  # the seq ``page`` lists from
     for _ in range(RELISTS):
         picked = [s for s in chain(segments, covered) if s.end > start]
         if not picked:
@@ -290,7 +311,9 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
     del packed
     for seq, found_early in early.items():
         entries.setdefault(seq, found_early)
-    if start < listed_from:  # a segment was damaged or gone: list the entries it covered
+    if start < listed_from or (warm is not None and isinstance(page, Exception)):
+        # A segment was damaged or gone: list the entries it covered (or, after a first round
+        # with the segments, the entries after them, whose listing failed).
         skip = {"StartAfter": layout.entry_key(state_id, generation, start - 1)} if start else {}
         (page,) = yield from layout.send([layout.list_page(mine, **skip)])
     listed: dict[int, tuple[str, str]] = {}
@@ -339,6 +362,60 @@ def gather(layout: Layout, state_id: str, again: int = RELISTS) -> Steps[Gathere
             "deleted or moved. Restore them from a bucket version, or delete the State"
         )
     return Gathered(stored, entries, listed, segments, gap, start)
+
+
+@dataclass
+class WarmRound:
+    """What the first round of a read that knew the State's chain of segments found.
+
+    Attributes:
+        reach: How far the known chain's segments were read (into the read's ``packed``).
+        snapshot: The snapshot GET's outcome.
+        packed_page: The first page of the listing of the State's segments.
+        page: The first page of the listing of the known generation's entries after the chain.
+        tail: The seqs of the final entries after the chain GET by key.
+        tail_outcomes: Their GETs' outcomes.
+    """
+
+    reach: Reach
+    snapshot: Outcome
+    packed_page: Outcome
+    page: Outcome
+    tail: range
+    tail_outcomes: list[Outcome]
+
+
+def warm_round(
+    layout: Layout, state_id: str, known: Known, into: dict[int, dict[str, Any]]
+) -> Steps[WarmRound]:
+    """Round 1 of a read that knows a chain of segments of the State (``Ledger.chains``).
+
+    The snapshot GET and the listing of the segments, as any read's, and with them the GETs of
+    the known segments and of up to ``PREFETCH`` final entries after them, and the listing of
+    the entries from the chain's end. Segments are immutable and hold final entries, so what
+    they give is the State's if the snapshot is of the same generation (``gather`` checks); a
+    segment a later pack merged away is not found, and the chain listed replaces it.
+    """
+    generation = known.generation
+    after = layout.entry_key(state_id, generation, known.end - 1)
+    mine = f"{layout.entries_prefix(state_id)}{generation}/"
+    tail = range(known.end, min(known.count, known.end + PREFETCH))
+    calls = [
+        layout.get(layout.snapshot_key(state_id)),
+        layout.list_page(layout.packed_prefix(state_id)),
+        layout.list_page(mine, StartAfter=after),
+        *(layout.get(layout.entry_key(state_id, generation, seq)) for seq in tail),
+    ]
+    reach, outcomes = yield from read_chain(layout, known.segments, into, calls)
+    snapshot, packed_page, page, *tail_outcomes = outcomes
+    return WarmRound(reach, snapshot, packed_page, page, tail, tail_outcomes)
+
+
+def known_chain(found: Gathered) -> Known | None:
+    """The chain of segments ``found`` read whole, for the next read of the State."""
+    count = found.stored.meta.count or 0
+    read = tuple(s for s in chain(found.segments, count) if s.end <= found.packed)
+    return Known(found.stored.meta.generation, read, count) if read else None
 
 
 def _prefetched(

@@ -37,6 +37,30 @@ class Segment:
     size: int
 
 
+@dataclass(frozen=True)
+class Known:
+    """A chain of segments a read of a State read whole, for this store object's next read.
+
+    Segments are immutable and cover final entries, so the next read may GET them with the
+    snapshot instead of after listing them; one that a later pack merged away is not found
+    and listed again, and a State deleted and created again has another generation.
+
+    Attributes:
+        generation: The generation of the snapshot that read found.
+        segments: The chain from seq 0, in order (not empty).
+        count: That snapshot's count: the entries below it are final.
+    """
+
+    generation: str
+    segments: tuple[Segment, ...]
+    count: int
+
+    @property
+    def end(self) -> int:
+        """The seq after the chain's last entry."""
+        return self.segments[-1].end
+
+
 @dataclass
 class Reach:
     """What reading a chain of segments gave.

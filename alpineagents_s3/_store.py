@@ -294,7 +294,9 @@ class S3Store(Store):
         ``If-None-Match: *``. A load then reads the snapshot, the segments and the entries
         saved after the pack: 2 rounds of requests, 3 with entries saved alone after the
         snapshot or more than 100 since the pack, up to 1,000 segments (about 1 GB) and 1,000
-        entries since the pack (each 1,000 more of either adds a listing round).
+        entries since the pack (each 1,000 more of either adds a listing round); a round less
+        through a store object that read (or packed) the State before, which GETs the
+        segments it knows with the snapshot.
         Packing again packs what was saved since, merging small segments into larger ones so
         that a State keeps a few. It is safe while the State is being run: only entries that
         are final are packed, and no save waits for it or is refused because of it.
@@ -306,7 +308,7 @@ class S3Store(Store):
         Raises ``StateNotFoundError`` (a ``KeyError``) for an unknown id, also when the State
         is deleted while being packed (the segments written are removed again).
         """
-        return self._sync.run(self._steps(pack, state_id, remove_entries))
+        return self._sync.run(self._steps(pack, state_id, remove_entries, self._ledger))
 
     def sweep(self, older_than: float = SWEEP_AGE) -> builtins.list[str]:
         """Remove what creates that died left behind; return the keys removed.
@@ -389,7 +391,7 @@ class S3Store(Store):
 
     async def apack(self, state_id: str, *, remove_entries: bool = False) -> Packed:
         """Async ``pack``, on aioboto3."""
-        return await self._async.run(self._steps(pack, state_id, remove_entries))
+        return await self._async.run(self._steps(pack, state_id, remove_entries, self._ledger))
 
     async def asweep(self, older_than: float = SWEEP_AGE) -> builtins.list[str]:
         """Async ``sweep``, on aioboto3."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from alpineagents_s3._lock import HandoffLock, LockRegistry
 from alpineagents_s3._refs import Texts
+from alpineagents_s3._segments import Known
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,9 @@ class PendingCreate:
 # How many States' texts a store object keeps (``Ledger.know_texts``): each costs about 200 B
 # a long text of its snapshot's context; a save of one it forgot GETs the snapshot first.
 TEXT_STATES = 128
+# How many States' chains of segments a store object keeps (``Ledger.know_chain``): a few
+# hundred bytes each; a read of one it forgot lists the segments before it GETs them.
+CHAIN_STATES = 256
 # How many States' effective snapshots a store object keeps (``Ledger.know_effective``); a
 # save of one it forgot replaces the snapshot instead of committing by its entry alone.
 EFFECTIVE_STATES = 128
@@ -153,6 +157,8 @@ class Ledger:
     # One lock per State: the saves of one State by this store object go one at a time, so
     # the entries it commits alone are stored in seq order.
     appends: LockRegistry = field(default_factory=LockRegistry)
+    # The chain of segments the last read of each State read, for the States read last.
+    chains: dict[str, Known] = field(default_factory=dict)
     # Names this store object as the writer of the entries it stores.
     writer: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
@@ -164,6 +170,15 @@ class Ledger:
         self.effective[state_id] = effective
         while len(self.effective) > EFFECTIVE_STATES:
             del self.effective[next(iter(self.effective))]
+
+    def know_chain(self, state_id: str, known: Known | None) -> None:
+        """Keep (or with ``None`` forget) the chain of segments a read of the State read."""
+        self.chains.pop(state_id, None)
+        if known is None:
+            return
+        self.chains[state_id] = known
+        while len(self.chains) > CHAIN_STATES:
+            del self.chains[next(iter(self.chains))]
 
     def effective_of(self, state_id: str, version: Version) -> Effective | None:
         """The State's effective snapshot if this store object knows it for ``version``."""

@@ -113,6 +113,10 @@ class Variant:
         auto_pack: ``S3Store(auto_pack=...)``, measured at its worst: a load packed the
             State when it was ``auto_pack - 1`` entries shorter, and those were saved since
             (one fewer than the next load would pack), so a load fetches them one by one.
+        first_load: Each load is the first of the State by its store object: the store
+            object forgets the chain of segments its last load read (``Ledger.chains``),
+            which a load of a store object that read the State before GETs with the
+            snapshot. The other S3 variants load through one store object again and again.
     """
 
     name: str
@@ -120,6 +124,7 @@ class Variant:
     pack: bool = False
     remove_entries: bool = False
     auto_pack: int | None = None
+    first_load: bool = False
 
     def missing(self) -> str | None:
         """Why this variant cannot run in this checkout, or None."""
@@ -139,9 +144,19 @@ VARIANTS = (
     Variant("FileStore", s3=False),
     Variant(BASELINE, s3=True),
     Variant("S3Store packed", s3=True, pack=True),
+    Variant("S3Store packed, first load", s3=True, pack=True, first_load=True),
     Variant("S3Store packed, entries removed", s3=True, pack=True, remove_entries=True),
-    Variant("S3Store auto_pack=16, 15 entries since", s3=True, auto_pack=16),
+    Variant("S3Store auto_pack=16, 15 entries since", s3=True, auto_pack=16, first_load=True),
 )
+
+
+def first_load(store: Store, state_id: str) -> Any:
+    """A load of ``state_id`` by ``store`` as if it had not read the State before."""
+    ledger = getattr(store, "_ledger", None)
+    chains = getattr(ledger, "chains", None)  # none in a checkout before they were kept
+    if isinstance(chains, dict):
+        chains.pop(state_id, None)
+    return store.load(state_id)
 
 
 class Meter:
@@ -396,15 +411,18 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
             writer.pack(state.id, remove_entries=variant.remove_entries)
         for via in ("proxy", "direct"):
             store = bench.store(variant, via)
+            loading = partial(store.load, state.id)
+            if variant.first_load:
+                loading = partial(first_load, store, state.id)
             peak: int | None = None
             if via == "proxy":
                 # The first load fills the proxy's memory; traced, it gives the peak memory
                 # (the same whoever answers), so no load is spent on that alone.
                 progress(f"N={n} {variant.name}: a first load, traced, fills the proxy's memory")
-                peak = peak_memory(partial(store.load, state.id))
+                peak = peak_memory(loading)
             progress(f"N={n} {variant.name}: loads {via}")
             bench.meter.clear()
-            wall, cpu, runs = timed(partial(store.load, state.id), bench.repeat, bench.budget)
+            wall, cpu, runs = timed(loading, bench.repeat, bench.budget)
             counts = {k: v // runs for k, v in bench.meter.log.counts().items()}
             read = bench.meter.read // runs
             rows.append(Row(n, variant.name, via, wall, cpu, counts, read, peak))

@@ -54,9 +54,10 @@ def test_the_table_has_every_store_and_its_figures_hold_together(tmp_path: Path)
     assert peer["wall"] is None
     assert "not installed" in peer["note"]
     assert "not installed" in printed
-    # The packed variants: the snapshot and one segment; the segments and the entries listed
-    # (10 entry objects kept fit the first page).
-    for name in ("S3Store packed", "S3Store packed, entries removed"):
+    # The packed variants: the snapshot and one segment, the segments and the entries listed
+    # (10 entry objects kept fit the first page), whether the store object read the State
+    # before (one round) or not (two).
+    for name in ("S3Store packed", "S3Store packed, first load", "S3Store packed, entries removed"):
         for via in ("proxy", "direct"):
             assert by_key[(name, via)]["requests"] == {"GET": 2, "LIST": 2}, (name, via)
 

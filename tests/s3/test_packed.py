@@ -89,7 +89,8 @@ def kinds(found: list[Any]) -> Counter[str]:
 async def test_a_packed_state_loads_the_same_in_two_rounds(stores: Stores) -> None:
     """One State of 1,021 entries (more than a listing page), packed with its entries kept by
     the sync API, then packed again removing them by the async one: each packed form loads
-    the same, in both modes, in two rounds (a State this large is slow to make)."""
+    the same, in both modes, in two rounds, and in one when the store object loaded it before
+    (it knows the segments: a State this large is slow to make)."""
     state = State("pack me", id="packed")
     state.data["nested"] = {"deep": [1, 2, {"x": None}], "text": "\u00e9\ud7ff"}
     run(state, 510)  # 1,021 entries: more than a listing page
@@ -117,6 +118,13 @@ async def test_a_packed_state_loads_the_same_in_two_rounds(stores: Stores) -> No
         # The snapshot and the segments; the segments and the entries listed, and with the
         # entry objects kept (more than a page of them), the entries after the segments too.
         assert log.counts() == {"GET": 3, "LIST": 2 if remove_entries else 3}, log.counts()
+        # Again by the same store object: the segments with the snapshot, and the entries
+        # listed from their end, in one round.
+        rounds.batches.clear()
+        log.clear()
+        same(await load(reader, mode, state.id), state)
+        assert rounds.batches == [5], (mode, rounds.batches)
+        assert log.counts() == {"GET": 3, "LIST": 2}, log.counts()
 
     # The run goes on from the packed State: its saves are not refused, and a load reads the
     # segments and the entries saved since, still in two rounds, in either mode: the snapshot
@@ -125,11 +133,21 @@ async def test_a_packed_state_loads_the_same_in_two_rounds(stores: Stores) -> No
     run(continued, 5, first=510)
     await save(writer, "async", continued)
     for mode in MODES:
-        rounds.batches.clear()
+        fresh = stores.new(event_hooks=log.hooks)
+        rounds = Rounds(fresh)
         log.clear()
-        same(await load(reader, mode, state.id), continued)
+        same(await load(fresh, mode, state.id), continued)
         assert len(rounds.batches) == 2, (mode, rounds.batches)
         assert log.counts() == {"GET": 3 + 10, "LIST": 2}, log.counts()  # each entry GET once
+    # The reader of the packed State knows the segments, not the entries saved since: the
+    # listing from the segments' end names them, and round 2 fetches them; then it knows
+    # them too, and loads the State in one round.
+    for batches in ([5, 10], [15]):
+        rounds = Rounds(reader)
+        log.clear()
+        same(await load(reader, "sync", state.id), continued)
+        assert rounds.batches == batches, rounds.batches
+        assert log.counts() == {"GET": 3 + 10, "LIST": 2}, log.counts()
 
 
 async def test_packing_again_merges_small_segments_and_keeps_few(
