@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -144,7 +144,11 @@ def read_gathered(
     """``read``, and what it gathered (for a pack of what it read)."""
     validate_id(state_id)
     held = ledger.versions.get(state_id)
-    found = yield from gather(layout, state_id, known=ledger.chains.get(state_id))
+    known = ledger.chains.get(state_id)
+    if known is not None and held is not None and held.generation == known.generation:
+        # Its own saves since: the entries below the count of its last snapshot are final.
+        known = replace(known, count=max(known.count, held.landed))
+    found = yield from gather(layout, state_id, known=known)
     ledger.know_chain(state_id, None if found is None else known_chain(found))
     if found is None:
         return None, None

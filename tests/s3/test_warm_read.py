@@ -186,6 +186,27 @@ async def test_an_auto_pack_load_knows_the_chain_it_wrote(mode: Mode, stores: St
     same(await load(stores.new(), mode, state.id), state)
 
 
+async def test_a_load_after_the_store_object_s_own_saves_takes_one_round(
+    mode: Mode, stores: Stores
+) -> None:
+    """A serverless function's steady state: load, run (its saves), and at the next event load
+    again: its saves landed snapshots, so the entries they counted are final, and are fetched
+    with the snapshot and the segments."""
+    state = await packed_state(stores, mode, "steady", 20)
+    store, log = await warm_reader(stores, mode, state)
+    for turn in range(3):
+        loaded = await load(store, mode, state.id)
+        run(loaded, 2, first=20 + 2 * turn)
+        await save(store, mode, loaded)
+        rounds = Rounds(store)
+        log.clear()
+        same(await load(store, mode, state.id), loaded)
+        assert len(rounds.batches) == 1, (turn, rounds.batches)
+        # The snapshot and the segment, and the entries saved since, one GET each.
+        assert log.counts() == {"GET": 2 + 4 * (turn + 1), "LIST": 2}, log.counts()
+        same(await load(stores.new(), mode, state.id), loaded)
+
+
 def test_the_ledger_keeps_a_bounded_number_of_chains() -> None:
     ledger = Ledger()
     chain = (Segment("k", 0, 1, 1),)
