@@ -15,11 +15,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from alpineagents_s3._lock import HandoffLock, LockRegistry
 from alpineagents_s3._refs import Texts
 from alpineagents_s3._segments import Known
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -164,21 +166,11 @@ class Ledger:
 
     def know_effective(self, state_id: str, effective: Effective | None) -> None:
         """Keep (or with ``None`` forget) a State's effective snapshot, a bounded number."""
-        self.effective.pop(state_id, None)
-        if effective is None:
-            return
-        self.effective[state_id] = effective
-        while len(self.effective) > EFFECTIVE_STATES:
-            del self.effective[next(iter(self.effective))]
+        _keep(self.effective, state_id, effective, EFFECTIVE_STATES)
 
     def know_chain(self, state_id: str, known: Known | None) -> None:
         """Keep (or with ``None`` forget) the chain of segments a read of the State read."""
-        self.chains.pop(state_id, None)
-        if known is None:
-            return
-        self.chains[state_id] = known
-        while len(self.chains) > CHAIN_STATES:
-            del self.chains[next(iter(self.chains))]
+        _keep(self.chains, state_id, known, CHAIN_STATES)
 
     def effective_of(self, state_id: str, version: Version) -> Effective | None:
         """The State's effective snapshot if this store object knows it for ``version``."""
@@ -187,10 +179,7 @@ class Ledger:
 
     def know_texts(self, state_id: str, texts: Texts) -> None:
         """Keep ``texts`` for the State, forgetting those of the State least recently kept."""
-        self.texts.pop(state_id, None)
-        self.texts[state_id] = texts
-        while len(self.texts) > TEXT_STATES:
-            del self.texts[next(iter(self.texts))]
+        _keep(self.texts, state_id, texts, TEXT_STATES)
 
     def lock(self, state_id: str) -> HandoffLock:
         """The lock that keeps this store object's orphan clearing of one State exclusive."""
@@ -244,6 +233,16 @@ class Ledger:
             orphans={k: v for k, v in current.orphans.items() if k not in seqs},
             count=max(current.count or 0, max(seqs) + 1),
         )
+
+
+def _keep(kept: dict[str, T], state_id: str, value: T | None, limit: int) -> None:
+    """Keep ``value`` for the State as the newest (``None``: forget it), at most ``limit``."""
+    kept.pop(state_id, None)
+    if value is None:
+        return
+    kept[state_id] = value
+    while len(kept) > limit:
+        del kept[next(iter(kept))]
 
 
 def first_seq(entries: Sequence[dict[str, Any]]) -> int:
