@@ -34,7 +34,15 @@ from alpineagents_s3._layout import (
     Layout,
     StoredSnapshot,
 )
-from alpineagents_s3._segments import Known, Reach, Segment, chain, read_chain, segments_in
+from alpineagents_s3._segments import (
+    Known,
+    Segment,
+    chain,
+    read_chain,
+    segment_gets,
+    segments_in,
+    take_segments,
+)
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
 from alpineagents_s3._timestamps import as_datetime
 from alpineagents_s3._translate import NOT_FOUND_CODES
@@ -51,6 +59,10 @@ FIRST_PAGE = 100
 # At most this many entries the snapshot counts after the segments are fetched with them, by
 # key (more are fetched as the listing names them).
 PREFETCH = 100
+# At most this many final entries after the known segments are fetched with the snapshot by a
+# store object that read the State before: fetched for nothing if another process packed them
+# since (the listing of segments in the same round tells), so fewer than ``PREFETCH``.
+WARM_PREFETCH = 32
 
 
 class Fetched(NamedTuple):
@@ -144,10 +156,13 @@ def read_gathered(
     """``read``, and what it gathered (for a pack of what it read)."""
     validate_id(state_id)
     held = ledger.versions.get(state_id)
-    known = ledger.chains.get(state_id)
-    if known is not None and held is not None and held.generation == known.generation:
-        # Its own saves since: the entries below the count of its last snapshot are final.
-        known = replace(known, count=max(known.count, held.landed))
+    known = ledger.chains.pop(state_id, None)  # kept again if the read succeeds
+    if known is not None and held is not None:
+        if held.generation != known.generation:
+            known = None  # this store object created the State again since
+        else:
+            # Its own saves since: the entries below the count of its last snapshot are final.
+            known = replace(known, count=max(known.count, held.landed))
     found = yield from gather(layout, state_id, known=known)
     ledger.know_chain(state_id, None if found is None else known_chain(found))
     if found is None:
@@ -261,7 +276,7 @@ def gather(
         )
         warm = None
     else:
-        warm = yield from warm_round(layout, state_id, known, packed)
+        warm = yield from warm_round(layout, state_id, known)
         snap_out, packed_page, page = warm.snapshot, warm.packed_page, warm.page
     if isinstance(snap_out, Exception):
         if error_code(snap_out) in NOT_FOUND_CODES:
@@ -275,10 +290,11 @@ def gather(
         if generation != known.generation or (covered or 0) < known.count:
             # Deleted and created again since: what the chain holds is another State's.
             return (yield from gather(layout, state_id, again))
+        reach = take_segments(layout, known.segments, warm.segments, packed)
         _prefetched(layout, state_id, generation, warm.tail, warm.tail_outcomes, early)
         asked = True
-        start = warm.reach.end
-        damaged = warm.reach.damaged
+        start = reach.end
+        damaged = reach.damaged
         listed_from = known.end
     segments = yield from _listed_segments(layout, state_id, generation, packed_page)
 
@@ -290,7 +306,10 @@ def gather(
         if not picked:
             break
         extra = []
-        if start == 0 and (isinstance(page, Exception) or page.get("IsTruncated")):
+        # The page lists all entries (a first load), or those after the known segments, which
+        # new segments may cover by more than a page: list from the segments' end instead.
+        onward = start == 0 or (warm is not None and picked[-1].end > listed_from)
+        if onward and (isinstance(page, Exception) or page.get("IsTruncated")):
             listed_from = picked[-1].end
             last = layout.entry_key(state_id, generation, listed_from - 1)
             extra = [layout.list_page(mine, StartAfter=last)]
@@ -317,7 +336,7 @@ def gather(
         entries.setdefault(seq, found_early)
     if start < listed_from or (warm is not None and isinstance(page, Exception)):
         # A segment was damaged or gone: list the entries it covered (or, after a first round
-        # with the segments, the entries after them, whose listing failed).
+        # with the known segments, the entries after them, whose listing failed).
         skip = {"StartAfter": layout.entry_key(state_id, generation, start - 1)} if start else {}
         (page,) = yield from layout.send([layout.list_page(mine, **skip)])
     listed: dict[int, tuple[str, str]] = {}
@@ -373,7 +392,7 @@ class WarmRound:
     """What the first round of a read that knew the State's chain of segments found.
 
     Attributes:
-        reach: How far the known chain's segments were read (into the read's ``packed``).
+        segments: The outcomes of the known segments' GETs (``take_segments`` reads them).
         snapshot: The snapshot GET's outcome.
         packed_page: The first page of the listing of the State's segments.
         page: The first page of the listing of the known generation's entries after the chain.
@@ -381,7 +400,7 @@ class WarmRound:
         tail_outcomes: Their GETs' outcomes.
     """
 
-    reach: Reach
+    segments: list[Outcome]
     snapshot: Outcome
     packed_page: Outcome
     page: Outcome
@@ -389,30 +408,30 @@ class WarmRound:
     tail_outcomes: list[Outcome]
 
 
-def warm_round(
-    layout: Layout, state_id: str, known: Known, into: dict[int, dict[str, Any]]
-) -> Steps[WarmRound]:
+def warm_round(layout: Layout, state_id: str, known: Known) -> Steps[WarmRound]:
     """Round 1 of a read that knows a chain of segments of the State (``Ledger.chains``).
 
     The snapshot GET and the listing of the segments, as any read's, and with them the GETs of
-    the known segments and of up to ``PREFETCH`` final entries after them, and the listing of
+    the known segments and of up to ``WARM_PREFETCH`` final entries after them, and the listing of
     the entries from the chain's end. Segments are immutable and hold final entries, so what
-    they give is the State's if the snapshot is of the same generation (``gather`` checks); a
-    segment a later pack merged away is not found, and the chain listed replaces it.
+    they give is the State's if the snapshot is of the same generation (``gather`` checks
+    before it reads their outcomes); a segment a later pack merged away is not found, and the
+    chain listed replaces it.
     """
     generation = known.generation
     after = layout.entry_key(state_id, generation, known.end - 1)
     mine = f"{layout.entries_prefix(state_id)}{generation}/"
-    tail = range(known.end, min(known.count, known.end + PREFETCH))
+    tail = range(known.end, min(known.count, known.end + WARM_PREFETCH))
     calls = [
         layout.get(layout.snapshot_key(state_id)),
         layout.list_page(layout.packed_prefix(state_id)),
         layout.list_page(mine, StartAfter=after),
         *(layout.get(layout.entry_key(state_id, generation, seq)) for seq in tail),
     ]
-    reach, outcomes = yield from read_chain(layout, known.segments, into, calls)
-    snapshot, packed_page, page, *tail_outcomes = outcomes
-    return WarmRound(reach, snapshot, packed_page, page, tail, tail_outcomes)
+    outcomes = yield from layout.send([*segment_gets(layout, known.segments), *calls])
+    first = len(known.segments)
+    snapshot, packed_page, page, *tail_outcomes = outcomes[first:]
+    return WarmRound(outcomes[:first], snapshot, packed_page, page, tail, tail_outcomes)
 
 
 def known_chain(found: Gathered) -> Known | None:

@@ -124,11 +124,30 @@ def read_chain(
     Returns how far from ``picked[0].start`` the entries were read, and the outcomes of
     ``extra``. A segment not found or damaged ends the reach there; any other failure raises.
     """
-    gets = [
+    outcomes = yield from layout.send([*segment_gets(layout, picked), *extra])
+    reach = take_segments(layout, picked, outcomes, into)
+    return reach, outcomes[len(picked) :]
+
+
+def segment_gets(layout: Layout, picked: Sequence[Segment]) -> list[Call]:
+    """The GETs of the segments ``picked``, each parsed as its body arrives."""
+    return [
         replace(layout.get(s.key), then=partial(_parse, layout.url(s.key), s.start, s.end))
         for s in picked
     ]
-    outcomes = yield from layout.send([*gets, *extra])
+
+
+def take_segments(
+    layout: Layout,
+    picked: Sequence[Segment],
+    outcomes: list[Outcome],
+    into: dict[int, dict[str, Any]],
+) -> Reach:
+    """The entries of the segment GETs' ``outcomes`` (the first ``len(picked)``) into ``into``.
+
+    How far from ``picked[0].start`` the entries were read: a segment not found or damaged
+    ends the reach there; any other failure raises.
+    """
     reach = Reach(picked[0].start if picked else 0)
     for i, segment in enumerate(picked):
         outcome, outcomes[i] = outcomes[i], {}  # the entries are not kept twice
@@ -149,7 +168,7 @@ def read_chain(
         for seq, entry in enumerate(entries, segment.start):
             into[seq] = entry
         reach.end = segment.end
-    return reach, outcomes[len(gets) :]
+    return reach
 
 
 def _parse(

@@ -18,13 +18,15 @@ from typing import Any
 import pytest
 
 from alpineagents import State
-from alpineagents_s3 import CorruptStateError, S3Store
+from alpineagents_s3 import CorruptStateError, S3Store, S3StoreError
+from alpineagents_s3._reading import WARM_PREFETCH
 from alpineagents_s3._segments import Known, Segment
 from alpineagents_s3._versions import CHAIN_STATES, Ledger
 from alpineagents_s3.testing import RequestLog
 from tests.helpers import Mode
 from tests.s3.helpers import RESULT, Refuse, Stores, load, pack, raw_client, run, save
 from tests.s3.test_packed import Rounds, same
+from tests.s3.test_packed_edges import Listings
 
 pytestmark = pytest.mark.slow
 
@@ -205,6 +207,97 @@ async def test_a_load_after_the_store_object_s_own_saves_takes_one_round(
         # The snapshot and the segment, and the entries saved since, one GET each.
         assert log.counts() == {"GET": 2 + 4 * (turn + 1), "LIST": 2}, log.counts()
         same(await load(stores.new(), mode, state.id), loaded)
+
+
+async def test_a_read_that_fails_forgets_the_chain(mode: Mode, stores: Stores) -> None:
+    state = await packed_state(stores, mode, "fails", 10)
+    refuse = Refuse(500, "InternalError", times=0, when=lambda url, h: "snapshot" in url)
+    reader = stores.new(event_hooks={"before-call.s3.GetObject": refuse})
+    same(await load(reader, mode, state.id), state)
+    refuse.left = 1
+    with pytest.raises(S3StoreError):
+        await load(reader, mode, state.id)
+    assert state.id not in reader._ledger.chains
+    same(await load(reader, mode, state.id), state)
+
+
+async def test_an_old_segment_left_behind_that_cannot_be_read_does_not_fail_a_new_state(
+    mode: Mode, stores: Stores
+) -> None:
+    """The State deleted (the delete stopped before its old segment went) and created again:
+    the old segment's GET, answered 403, is the old State's, not the new one's."""
+    old = await packed_state(stores, mode, "left-behind", 10)
+    stale: list[str] = []
+    refuse = Refuse(403, "AccessDenied", when=lambda url, h: any(k in url for k in stale))
+    reader = stores.new(event_hooks={"before-call.s3.GetObject": refuse})
+    same(await load(reader, mode, old.id), old)
+    (segment,) = reader._ledger.chains[old.id].segments
+    client = raw_client(stores.url)
+    left = client.get_object(Bucket=stores.bucket, Key=segment.key)["Body"].read()
+    other = stores.new()
+    other.delete(old.id)
+    new = State("new", id=old.id)
+    run(new, 3, result="other")
+    other.save(new)
+    client.put_object(Bucket=stores.bucket, Key=segment.key, Body=left)
+    stale.append(segment.key.split("/", 1)[1])
+    same(await load(reader, mode, new.id), new)
+    assert refuse.refused == 1
+
+
+async def test_a_delete_forgets_the_chain_and_a_create_of_its_own_is_read_as_new(
+    mode: Mode, stores: Stores
+) -> None:
+    old = await packed_state(stores, mode, "own-again", 10)
+    store, _ = await warm_reader(stores, mode, old)
+    store.delete(old.id)
+    assert old.id not in store._ledger.chains
+    new = State("new", id=old.id)
+    run(new, 3)
+    await save(store, mode, new)
+    rounds = Rounds(store)
+    same(await load(store, mode, new.id), new)
+    assert len(rounds.batches) == 2, rounds.batches  # a first load's: no round wasted
+
+
+async def test_new_segments_beyond_a_page_of_entries_are_not_listed_through(
+    mode: Mode, stores: Stores
+) -> None:
+    """Another process packed more entries than a listing page after the known segment (the
+    pages are made 5 keys long): the entries after the new segment are listed from its end,
+    with its GET, not page after page through what it covers."""
+    state = await packed_state(stores, mode, "pages", 18, BIG)
+    listings = Listings(entries=5)
+    log = RequestLog()
+    reader = stores.new(event_hooks={**log.hooks, **listings.hooks})
+    same(await load(reader, mode, state.id), state)
+    writer = stores.new()
+    grown = await load(writer, mode, state.id)
+    run(grown, 17, first=18, result=BIG)
+    await save(writer, mode, grown)
+    packed = await pack(writer, mode, state.id)
+    assert len(packed.written) == 1
+    log.clear()
+    rounds = Rounds(reader)
+    same(await load(reader, mode, state.id), grown)
+    assert len(rounds.batches) == 2, rounds.batches
+    assert log.counts() == {"GET": 3, "LIST": 3}, log.counts()
+
+
+async def test_entries_another_process_packed_since_cost_few_gets(
+    mode: Mode, stores: Stores
+) -> None:
+    """The store object's own saves made 40 entries final; another process packed them since:
+    the first round GETs at most ``WARM_PREFETCH`` of them for nothing."""
+    state = await packed_state(stores, mode, "packed-since", 10)
+    store, log = await warm_reader(stores, mode, state)
+    loaded = await load(store, mode, state.id)
+    run(loaded, 20, first=10)
+    await save(store, mode, loaded)
+    await pack(stores.new(), mode, state.id)
+    log.clear()
+    same(await load(store, mode, state.id), loaded)
+    assert log.counts()["GET"] <= 3 + WARM_PREFETCH, log.counts()
 
 
 def test_the_ledger_keeps_a_bounded_number_of_chains() -> None:
