@@ -384,6 +384,14 @@ async def pack_load_pack_again(stores: Stores, mode: Mode, state_id: str, remove
     found = await objects(StoreIO(packer, mode), state_id)
     assert [span(o.key) for o in found if o.kind == "segment"] == [(0, 47)]
     assert sum(o.kind == "entry" for o in found) == (0 if remove else 47)
+    fresh_log = RequestLog()
+    same(await load(stores.new(event_hooks=fresh_log.hooks), mode, state_id), state)
+    assert fresh_log.counts()["GET"] == 2  # the snapshot, the segment
+    # The reader knew the first segment and the 6 entries after it, final: it GETs them with
+    # the snapshot, the segment is gone (404) and the entries packed, then GETs the new one.
+    log.clear()
+    same(await load(reader, mode, state_id), state)
+    assert log.counts()["GET"] == 1 + 1 + 6 + 1
     log.clear()
     same(await load(reader, mode, state_id), state)
     assert log.counts()["GET"] == 2
