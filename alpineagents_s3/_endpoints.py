@@ -47,7 +47,7 @@ class UnkeyedProvider:
         kept = {
             name: value
             for name, value in params.items()
-            if not isinstance(value, self.unused.get(name, _Never))
+            if not (name in self.unused and isinstance(value, self.unused[name]))
         }
         try:
             return self.provider.resolve_endpoint(**kept)
@@ -60,10 +60,6 @@ class UnkeyedProvider:
         if name in ("provider", "unused") or name.startswith("__"):
             raise AttributeError(name)  # not set yet: a copy being made
         return getattr(self.provider, name)
-
-
-class _Never:
-    """The type of no value: a parameter not left out."""
 
 
 def unused_parameters(ruleset: Any) -> dict[str, type]:

@@ -130,9 +130,7 @@ def chain_after(layout: Layout, state_id: str, found: Gathered, packed: Packed) 
         parsed = layout.parse_segment_key(state_id, key)
         if parsed is not None:
             kept.append(Segment(key, parsed[1], parsed[2], 0))
-    count = found.stored.meta.count or 0
-    picked = tuple(s for s in chain(kept, count) if s.end <= packed.covered)
-    return Known(generation, picked, count) if picked else None
+    return Known.of(generation, kept, found.stored.meta.count or 0, packed.covered)
 
 
 def unpacked(found: Gathered) -> int:

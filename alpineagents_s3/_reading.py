@@ -286,16 +286,16 @@ def gather(
     generation = stored.meta.generation
     mine = f"{prefix}{generation}/"
     covered = stored.meta.count
-    if warm is not None and known is not None:
-        if generation != known.generation or (covered or 0) < known.count:
+    if warm is not None:
+        if generation != warm.known.generation or (covered or 0) < warm.known.count:
             # Deleted and created again since: what the chain holds is another State's.
             return (yield from gather(layout, state_id, again))
-        reach = take_segments(layout, known.segments, warm.segments, packed)
+        reach = take_segments(layout, warm.known.segments, warm.segments, packed)
         _prefetched(layout, state_id, generation, warm.tail, warm.tail_outcomes, early)
         asked = True
         start = reach.end
         damaged = reach.damaged
-        listed_from = known.end
+        listed_from = warm.known.end
     segments = yield from _listed_segments(layout, state_id, generation, packed_page)
 
     # The segments first, with the listing of the entries after them in the same round, and
@@ -392,6 +392,7 @@ class WarmRound:
     """What the first round of a read that knew the State's chain of segments found.
 
     Attributes:
+        known: The chain it was made for.
         segments: The outcomes of the known segments' GETs (``take_segments`` reads them).
         snapshot: The snapshot GET's outcome.
         packed_page: The first page of the listing of the State's segments.
@@ -400,6 +401,7 @@ class WarmRound:
         tail_outcomes: Their GETs' outcomes.
     """
 
+    known: Known
     segments: list[Outcome]
     snapshot: Outcome
     packed_page: Outcome
@@ -431,14 +433,13 @@ def warm_round(layout: Layout, state_id: str, known: Known) -> Steps[WarmRound]:
     outcomes = yield from layout.send([*segment_gets(layout, known.segments), *calls])
     first = len(known.segments)
     snapshot, packed_page, page, *tail_outcomes = outcomes[first:]
-    return WarmRound(outcomes[:first], snapshot, packed_page, page, tail, tail_outcomes)
+    return WarmRound(known, outcomes[:first], snapshot, packed_page, page, tail, tail_outcomes)
 
 
 def known_chain(found: Gathered) -> Known | None:
     """The chain of segments ``found`` read whole, for the next read of the State."""
     count = found.stored.meta.count or 0
-    read = tuple(s for s in chain(found.segments, count) if s.end <= found.packed)
-    return Known(found.stored.meta.generation, read, count) if read else None
+    return Known.of(found.stored.meta.generation, found.segments, count, found.packed)
 
 
 def _prefetched(

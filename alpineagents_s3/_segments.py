@@ -60,6 +60,14 @@ class Known:
         """The seq after the chain's last entry."""
         return self.segments[-1].end
 
+    @classmethod
+    def of(
+        cls, generation: str, segments: Sequence[Segment], count: int, reach: int
+    ) -> Known | None:
+        """The chain of ``segments`` under ``count`` that ends by ``reach`` (``None``: empty)."""
+        picked = tuple(s for s in chain(segments, count) if s.end <= reach)
+        return cls(generation, picked, count) if picked else None
+
 
 @dataclass
 class Reach:
