@@ -2,7 +2,8 @@
 
     python reliability/fault_proxy.py [--faults 2000] [--seconds 600] [--seed 1] [--rate 0.15]
                                       [--workers 4] [--read-timeout 1] [--endpoint URL]
-                                      [--kind KIND ...] [--fake-ack RATE (test only)]
+                                      [--kind KIND ...] [--pack SECONDS]
+                                      [--fake-ack RATE (test only)]
 
 A loopback proxy (reliability/_proxy.py) sits in front of moto's ThreadedMotoServer (started
 here) or ``--endpoint`` (LocalStack) and injects, per request, by a seeded random draw at
@@ -34,6 +35,15 @@ error and at its end, by a store that talks to the server directly (not through 
   often that happened;
 * no tool ran twice.
 
+With ``--pack SECONDS``, two packers (each a store of its own through the proxy, sync and
+async in turn) each pack a State under way every ``SECONDS``, removing its entry objects one
+time in two, while its worker saves it or runs it, and while it is being deleted: the checks
+above then read packed States, through the warm path of a store object that read them
+before. A pack may raise only a plain ``S3StoreError``, or ``StateNotFoundError`` for a State
+not created yet or being deleted; any other error is a violation. At the end, the run prints
+what is left in the bucket (every State was deleted: a pack that met a delete removes what
+it wrote).
+
 It prints the faults injected by kind, the saves acknowledged, the errors by type, the
 States checked and the violations, and exits 1 on a violation. ``--faults`` is the target
 number of injected faults; ``--seconds`` bounds the run either way.
@@ -47,6 +57,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
 import sys
 import threading
@@ -64,7 +75,7 @@ from botocore.config import Config
 from alpineagents import Agent, ModelRequest, State
 from alpineagents.testing import FunctionModel, call
 from alpineagents_s3 import S3Store
-from alpineagents_s3.errors import S3StoreError
+from alpineagents_s3.errors import S3StoreError, StateNotFoundError
 from alpineagents_s3.testing import embedded_moto
 
 PREFIX = "fault-proxy"
@@ -83,6 +94,8 @@ ATTEMPTS = 12
 # (moto answers 500 when a LIST meets a key deleted meanwhile; an overloaded machine answers
 # after the read timeout), and once the retry quota is spent botocore does not retry it.
 OFF_TRIES = 3
+# The packers of ``--pack``.
+PACKERS = 2
 
 
 def pause(attempt: int) -> None:
@@ -196,6 +209,7 @@ class Figures:
     states: Counter[str] = field(default_factory=Counter)  # by scenario
     runs: int = 0
     once_faults_stopped: Counter[str] = field(default_factory=Counter)  # saves, runs
+    packs: Counter[str] = field(default_factory=Counter)  # outcomes of the packer's packs
     violations: list[str] = field(default_factory=list)  # each told once per State
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -344,6 +358,19 @@ class Run:
     figures: Figures
     catch: _Catch
     stop: threading.Event
+    # The States under way, for the packer: id -> the store of the worker saving it.
+    active: dict[str, Recording] = field(default_factory=dict)
+    active_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def begin(self, state_id: str, store: Recording) -> None:
+        """A worker starts on ``state_id`` (its saves go through ``store``)."""
+        with self.active_lock:
+            self.active[state_id] = store
+
+    def end(self, state_id: str) -> None:
+        """A worker is done with ``state_id``, before deleting it."""
+        with self.active_lock:
+            self.active.pop(state_id, None)
 
     def store(self, passing: threading.Event) -> Recording:
         """A store of its own through the proxy, with the run's read timeout.
@@ -408,6 +435,7 @@ class Worker:
             while not self.run.stop.is_set():
                 kind = "agent run" if (n + self.number) % 2 == 0 else "direct saves"
                 state_id = f"w{self.number}-{n}-{uuid.uuid4().hex[:6]}"
+                self.run.begin(state_id, self.store)
                 try:
                     if kind == "agent run":
                         self.agent_run(state_id)
@@ -415,6 +443,7 @@ class Worker:
                         self.direct_saves(state_id, n)
                 except Exception as e:  # a step outside the checks failed: a violation too
                     self.run.figures.violation(state_id, f"the worker raised {describe(e)}")
+                self.run.end(state_id)
                 with self.run.figures.lock:
                     self.run.figures.states[kind] += 1
                 n += 1
@@ -478,6 +507,7 @@ class Worker:
         """
         if self.save_until_done(state):
             self.check(state, final=True)
+        self.run.end(state.id)
         self.store.sent.pop(state.id, None)
         with contextlib.suppress(KeyError):
             self.checker.store.delete(state.id)
@@ -555,6 +585,83 @@ class Worker:
         self.finish(state)
 
 
+class Packer:
+    """Packs a State under way every ``pause`` seconds, through the proxy, until the run stops.
+
+    ``PACKERS`` of them run, so two packs of one State at once happen too.
+
+    Sync and async in turn, with ``remove_entries`` drawn at random; its requests meet faults
+    all along (it never asks the proxy for none). It checks nothing stored itself: a check
+    racing the worker's saves would compare against sends not acknowledged yet. The worker's
+    own checks read what it packed.
+    """
+
+    def __init__(self, run: Run, pause: float, seed: int, number: int) -> None:
+        self.run = run
+        self.pause = pause
+        self.number = number
+        self.random = random.Random(seed)
+        self.store = run.store(threading.Event())
+        self.loop = asyncio.new_event_loop()
+
+    def main(self) -> None:
+        """Pack until the run stops (a thread's target)."""
+        n = 0
+        try:
+            while not self.run.stop.wait(self.pause):
+                with self.run.active_lock:
+                    under_way = sorted(self.run.active.items())
+                # Mostly States already created; now and then one whose create may be under way.
+                created = [(i, w) for i, w in under_way if _created(w, i)]
+                if created and self.random.random() < 0.9:
+                    under_way = created
+                if under_way:
+                    state_id, writer = self.random.choice(under_way)
+                    use_async = (n + self.number) % 2 == 1
+                    self.pack(state_id, writer, use_async, self.random.random() < 0.5)
+                    n += 1
+        finally:
+            self.loop.run_until_complete(self.store.aclose())
+            self.loop.close()
+            self.store.close()
+
+    def pack(self, state_id: str, writer: Recording, use_async: bool, remove: bool) -> None:
+        """One pack of ``state_id``; its outcome counted, or a violation recorded."""
+        created = _created(writer, state_id)
+        figures = self.run.figures
+        try:
+            if use_async:
+                packed = self.loop.run_until_complete(
+                    self.store.apack(state_id, remove_entries=remove)
+                )
+            else:
+                packed = self.store.pack(state_id, remove_entries=remove)
+        except StateNotFoundError as e:
+            with self.run.active_lock:
+                under_way = state_id in self.run.active
+            if created and under_way:  # created before the pack, not deleted since
+                figures.violation(state_id, f"a pack of the State raised {describe(e)}")
+            why = "deleted meanwhile" if created else "not created yet"
+            with figures.lock:
+                figures.packs[f"StateNotFoundError ({why})"] += 1
+        except Exception as e:
+            if not documented(e):
+                figures.violation(state_id, f"a pack raised an undocumented error: {describe(e)}")
+            with figures.lock:
+                figures.packs[type(e).__name__] += 1
+        else:
+            with figures.lock:
+                figures.packs["packed"] += 1
+                figures.packs["segments written"] += len(packed.written)
+                figures.packs["keys removed"] += len(packed.removed)
+
+
+def _created(writer: Recording, state_id: str) -> bool:
+    """Whether a save of ``state_id`` through ``writer`` was acknowledged: the State exists."""
+    sent = writer.sent.get(state_id)
+    return sent is not None and sent.acked_snapshot is not None
+
+
 # The run ---------------------------------------------------------------------------------------
 
 
@@ -566,6 +673,16 @@ def server(url: str | None) -> Iterator[str]:
         return
     with embedded_moto() as started:
         yield started
+
+
+def leftovers(client: Any, bucket: str) -> Counter[str]:
+    """The objects left in the bucket, by kind: every State was deleted at its end."""
+    left: Counter[str] = Counter()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for item in page.get("Contents", []):
+            key = item["Key"]
+            left["packed segments" if "/packed/" in key else "other objects"] += 1
+    return left
 
 
 def kind_of(violation: str) -> str:
@@ -582,6 +699,7 @@ def report(
     retries: _Retries,
     warnings: _Warnings,
     attempts: int,
+    left: Counter[str],
     seconds: float,
 ) -> None:
     """Print the figures."""
@@ -613,6 +731,19 @@ def report(
             f"after {attempts} failed tries, saved once faults stopped: saves "
             f"{stopped['save']}, runs {stopped['run']}"
         )
+        if figures.packs:
+            packs = figures.packs
+            failed = ", ".join(
+                f"{name} {n}"
+                for name, n in packs.most_common()
+                if name not in ("packed", "segments written", "keys removed")
+            )
+            print(
+                f"packs: {packs['packed']} packed ({packs['segments written']} segments written, "
+                f"{packs['keys removed']} keys removed); failed: {failed or 'none'}"
+            )
+        left_kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(left.items()))
+        print(f"objects left in the bucket: {sum(left.values())} ({left_kinds or 'none'})")
         print(f"violations: {len(figures.violations)}")
         kinds = Counter(kind_of(v) for v in figures.violations)
         for kind, n in kinds.most_common():
@@ -647,6 +778,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--kind", action="append", choices=KINDS, help="only these faults (repeatable)"
+    )
+    parser.add_argument(
+        "--pack",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="pack a State under way every SECONDS, through the proxy (default: no packer)",
     )
     # Test only: the runner must see these, and fail.
     parser.add_argument("--fake-ack", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -703,6 +841,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         workers = [Worker(run, i, "sync" if i % 2 == 0 else "async") for i in range(args.workers)]
         threads = [threading.Thread(target=w.main, name=f"worker {w.number}") for w in workers]
+        if args.pack > 0:
+            packers = [Packer(run, args.pack, args.seed * 100 + i, i) for i in range(PACKERS)]
+            for packer in packers:
+                threads.append(threading.Thread(target=packer.main, name=f"packer {packer.number}"))
         for thread in threads:
             thread.start()
         deadline = started + args.seconds
@@ -733,7 +875,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for thread in threads:
                 thread.join()
             proxy.stop()
-            report(proxy, figures, retries, warnings, args.attempts, time.monotonic() - started)
+            left = leftovers(client, bucket)
+            report(
+                proxy, figures, retries, warnings, args.attempts, left, time.monotonic() - started
+            )
             client.close()
     return 1 if figures.violations else 0
 
