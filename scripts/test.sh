@@ -10,7 +10,8 @@
 #    own Agent killed mid-tool and resumed from the bucket).
 # LocalStack (on 127.0.0.1, no Docker) runs for step 1; ALPINEAGENTS_NO_LOCALSTACK=1 skips it
 # (its tests are then skipped). Both steps run in $ALPINEAGENTS_TEST_WORKERS pytest-xdist workers
-# (default 2; 0 runs them in one process). Extra arguments go to the pytest of step 1.
+# (default 3, on 2 cores: many tests wait on the processes and servers they start; 0 runs them
+# in one process). Extra arguments go to the pytest of step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${ALPINEAGENTS_VENV:-.venv}
@@ -60,7 +61,7 @@ record() {  # record NAME STATUS LOG: the last line of a pytest run, for the mat
     [ "$2" -eq 0 ] || failed=1
 }
 
-workers=${ALPINEAGENTS_TEST_WORKERS:-2}
+workers=${ALPINEAGENTS_TEST_WORKERS:-3}
 parallel=(-n "$workers")
 [ "$workers" = 0 ] || parallel+=(--dist worksteal)  # the long tests are spread as they run
 
