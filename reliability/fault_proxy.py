@@ -35,14 +35,15 @@ error and at its end, by a store that talks to the server directly (not through 
   often that happened;
 * no tool ran twice.
 
-With ``--pack SECONDS``, two packers (each a store of its own through the proxy, sync and
-async in turn) each pack a State under way every ``SECONDS``, removing its entry objects one
-time in two, while its worker saves it or runs it, and while it is being deleted: the checks
-above then read packed States, through the warm path of a store object that read them
-before. A pack may raise only a plain ``S3StoreError``, or ``StateNotFoundError`` for a State
-not created yet or being deleted; any other error is a violation. At the end, the run prints
-what is left in the bucket (every State was deleted: a pack that met a delete removes what
-it wrote).
+With ``--pack SECONDS``, two packers (stores of their own through the proxy, sync and async
+in turn) each take a State under way every ``SECONDS``, while its worker saves it, runs it,
+checks it or deletes it, and pack it (removing its entry objects or not) or read it with
+``auto_pack=2``: the checks above then read packed States, through the warm path of a store
+object that read them before. A pack or read may raise only a plain ``S3StoreError``, or
+``StateNotFoundError`` for a State not created yet or being deleted; any other error is a
+violation, and so is a packer's read whose seqs are not 0, 1, 2, ... or that holds an entry
+never sent. At the end, the run prints what is left in the bucket (every State was deleted:
+a pack that met a delete removes what it wrote).
 
 It prints the faults injected by kind, the saves acknowledged, the errors by type, the
 States checked and the violations, and exits 1 on a violation. ``--faults`` is the target
@@ -94,8 +95,9 @@ ATTEMPTS = 12
 # (moto answers 500 when a LIST meets a key deleted meanwhile; an overloaded machine answers
 # after the read timeout), and once the retry quota is spent botocore does not retry it.
 OFF_TRIES = 3
-# The packers of ``--pack``.
+# The packers of ``--pack``, and the auto_pack of their reads.
 PACKERS = 2
+LOAD_PACK_AT = 2
 
 
 def pause(attempt: int) -> None:
@@ -586,14 +588,15 @@ class Worker:
 
 
 class Packer:
-    """Packs a State under way every ``pause`` seconds, through the proxy, until the run stops.
+    """Packs States under way, every ``pause`` seconds, through the proxy, until the run stops.
 
-    ``PACKERS`` of them run, so two packs of one State at once happen too.
-
-    Sync and async in turn, with ``remove_entries`` drawn at random; its requests meet faults
-    all along (it never asks the proxy for none). It checks nothing stored itself: a check
-    racing the worker's saves would compare against sends not acknowledged yet. The worker's
-    own checks read what it packed.
+    ``PACKERS`` of them run, so two packs of one State at once happen too. Each turn, one of
+    a State under way (sync and async in turn): a pack keeping its entry objects, a pack
+    removing them, or a read by a store with ``auto_pack=LOAD_PACK_AT``, which packs what it
+    fetched one by one. Their requests meet faults all along (they never ask the proxy for
+    none). A read racing the worker's saves cannot be compared with what was acknowledged;
+    it is checked for what holds at any moment: its seqs are 0, 1, 2, ... and each entry was
+    sent by this State. The worker's own checks read what the packers packed.
     """
 
     def __init__(self, run: Run, pause: float, seed: int, number: int) -> None:
@@ -601,7 +604,10 @@ class Packer:
         self.pause = pause
         self.number = number
         self.random = random.Random(seed)
-        self.store = run.store(threading.Event())
+        never = threading.Event()
+        self.store = run.store(never)
+        self.loader = run.store(never)
+        self.loader.auto_pack = LOAD_PACK_AT
         self.loop = asyncio.new_event_loop()
 
     def main(self) -> None:
@@ -617,43 +623,68 @@ class Packer:
                     under_way = created
                 if under_way:
                     state_id, writer = self.random.choice(under_way)
-                    use_async = (n + self.number) % 2 == 1
-                    self.pack(state_id, writer, use_async, self.random.random() < 0.5)
+                    self.act(state_id, writer, use_async=(n + self.number) % 2 == 1)
                     n += 1
         finally:
             self.loop.run_until_complete(self.store.aclose())
+            self.loop.run_until_complete(self.loader.aclose())
             self.loop.close()
             self.store.close()
+            self.loader.close()
 
-    def pack(self, state_id: str, writer: Recording, use_async: bool, remove: bool) -> None:
-        """One pack of ``state_id``; its outcome counted, or a violation recorded."""
+    def act(self, state_id: str, writer: Recording, use_async: bool) -> None:
+        """One pack or read of ``state_id``; its outcome counted, or a violation recorded."""
+        roll = self.random.random()
+        what = "pack" if roll < 2 / 3 else "read"
         created = _created(writer, state_id)
+        sent = writer.sent.get(state_id)  # what it sent so far, and before the read
         figures = self.run.figures
         try:
-            if use_async:
-                packed = self.loop.run_until_complete(
-                    self.store.apack(state_id, remove_entries=remove)
-                )
+            if what == "pack":
+                remove = roll < 1 / 3
+                store = self.store
+                if use_async:
+                    coroutine = store.apack(state_id, remove_entries=remove)
+                    packed = self.loop.run_until_complete(coroutine)
+                else:
+                    packed = store.pack(state_id, remove_entries=remove)
+            elif use_async:
+                record = self.loop.run_until_complete(self.loader.aread(state_id))
             else:
-                packed = self.store.pack(state_id, remove_entries=remove)
+                record = self.loader.read(state_id)
         except StateNotFoundError as e:
             with self.run.active_lock:
                 under_way = state_id in self.run.active
             if created and under_way:  # created before the pack, not deleted since
-                figures.violation(state_id, f"a pack of the State raised {describe(e)}")
+                figures.violation(state_id, f"a {what} by a packer raised {describe(e)}")
             why = "deleted meanwhile" if created else "not created yet"
             with figures.lock:
-                figures.packs[f"StateNotFoundError ({why})"] += 1
+                figures.packs[f"{what}: StateNotFoundError ({why})"] += 1
+            return
         except Exception as e:
             if not documented(e):
-                figures.violation(state_id, f"a pack raised an undocumented error: {describe(e)}")
+                figures.violation(
+                    state_id, f"a {what} by a packer raised an undocumented error: {describe(e)}"
+                )
             with figures.lock:
-                figures.packs[type(e).__name__] += 1
-        else:
-            with figures.lock:
+                figures.packs[f"{what}: {type(e).__name__}"] += 1
+            return
+        with figures.lock:
+            if what == "pack":
                 figures.packs["packed"] += 1
                 figures.packs["segments written"] += len(packed.written)
                 figures.packs["keys removed"] += len(packed.removed)
+            else:
+                figures.packs["read"] += 1
+        if what == "read" and record is not None:
+            seqs = [entry["seq"] for entry in record.entries]
+            if seqs != list(range(len(seqs))):
+                figures.violation(state_id, f"a packer read the seqs {seqs}")
+            for entry in record.entries:
+                if sent is None or plain(entry) not in sent.entries.get(entry["seq"], []):
+                    figures.violation(
+                        state_id, f"a packer read entry {entry['seq']}, which was never sent"
+                    )
 
 
 def _created(writer: Recording, state_id: str) -> bool:
@@ -736,11 +767,12 @@ def report(
             failed = ", ".join(
                 f"{name} {n}"
                 for name, n in packs.most_common()
-                if name not in ("packed", "segments written", "keys removed")
+                if name not in ("packed", "segments written", "keys removed", "read")
             )
             print(
                 f"packs: {packs['packed']} packed ({packs['segments written']} segments written, "
-                f"{packs['keys removed']} keys removed); failed: {failed or 'none'}"
+                f"{packs['keys removed']} keys removed), {packs['read']} read with auto_pack="
+                f"{LOAD_PACK_AT}; failed: {failed or 'none'}"
             )
         left_kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(left.items()))
         print(f"objects left in the bucket: {sum(left.values())} ({left_kinds or 'none'})")
