@@ -131,3 +131,24 @@ def test_the_tls_start_up_table_counts_the_bundle_loads() -> None:
     assert rows["sync", "as botocore"] > 1 and rows["sync", "once"] == 1, done.stdout
     # The async clients: one per client, or none once the process has it.
     assert rows["async", "as botocore"] == 1 and rows["async", "once"] == 0, done.stdout
+
+
+def test_the_parser_figures_name_every_parser_and_what_is_missing() -> None:
+    """A short run of bench/json_parsers.py: a figure for each parser installed, and a missing
+    one named (this environment has neither orjson nor msgspec unless someone installed them)."""
+    done = run_bench("json_parsers.py", "--entries", "50", "--repeat", "1", timeout=120)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("one segment of 50 entries, ")
+    figures = dict(line.split(": ", 1) for line in lines[1:])
+    assert set(figures) == {
+        "json.loads",
+        "pydantic_core.from_json (cache_strings, as S3Store)",
+        "pydantic_core.from_json (no string cache)",
+        "orjson.loads",
+        "msgspec.json.decode",
+    }, figures
+    for name, figure in figures.items():
+        assert figure == "not installed" or figure.endswith(" ms"), (name, figure)
+        if figure != "not installed":
+            assert float(figure.removesuffix(" ms")) >= 0
+    assert figures["json.loads"] != "not installed"
