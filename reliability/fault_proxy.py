@@ -42,8 +42,9 @@ checks it or deletes it, and pack it (removing its entry objects or not) or read
 object that read them before. A pack or read may raise only a plain ``S3StoreError``, or
 ``StateNotFoundError`` for a State not created yet or being deleted; any other error is a
 violation, and so is a packer's read whose seqs are not 0, 1, 2, ... or that holds an entry
-never sent. At the end, the run prints what is left in the bucket (every State was deleted:
-a pack that met a delete removes what it wrote).
+never sent. At the end, the run prints what is left in the bucket: every State was deleted
+(a pack that met a delete removes what it wrote), so anything left is a violation unless the
+store warned that it could not remove it.
 
 It prints the faults injected by kind, the saves acknowledged, the errors by type, the
 States checked and the violations, and exits 1 on a violation. ``--faults`` is the target
@@ -95,6 +96,8 @@ ATTEMPTS = 12
 # (moto answers 500 when a LIST meets a key deleted meanwhile; an overloaded machine answers
 # after the read timeout), and once the retry quota is spent botocore does not retry it.
 OFF_TRIES = 3
+# The store's warning of objects it could not remove (the only excuse for any left over).
+LEFTOVER_WARNING = "could not remove leftover objects"
 # The packers of ``--pack``, and the auto_pack of their reads.
 PACKERS = 2
 LOAD_PACK_AT = 2
@@ -908,6 +911,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 thread.join()
             proxy.stop()
             left = leftovers(client, bucket)
+            if left and not warnings.counted[LEFTOVER_WARNING]:
+                kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(left.items()))
+                figures.violation(
+                    bucket, f"objects left after every State was deleted, none warned of: {kinds}"
+                )
             report(
                 proxy, figures, retries, warnings, args.attempts, left, time.monotonic() - started
             )
