@@ -37,7 +37,7 @@ from alpineagents_s3._contract import Record
 from alpineagents_s3._deleting import delete_keys
 from alpineagents_s3._layout import GENERATION_META, Layout
 from alpineagents_s3._reading import Gathered, gather, list_all, read_gathered
-from alpineagents_s3._segments import Known, Segment, chain
+from alpineagents_s3._segments import Known, Segment, chain, segments_in
 from alpineagents_s3._steps import Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
 from alpineagents_s3._versions import Ledger
@@ -126,10 +126,7 @@ def chain_after(layout: Layout, state_id: str, found: Gathered, packed: Packed) 
     """The chain of segments after a pack of ``found``, for the next read of the State."""
     generation = found.stored.meta.generation
     kept = [s for s in found.segments if s.key not in packed.removed]
-    for key in packed.written:
-        parsed = layout.parse_segment_key(state_id, key)
-        if parsed is not None:
-            kept.append(Segment(key, parsed[1], parsed[2], 0))
+    kept += segments_in(layout, state_id, generation, [{"Key": key} for key in packed.written])
     return Known.of(generation, kept, found.stored.meta.count or 0, packed.covered)
 
 
