@@ -419,9 +419,7 @@ class Worker:
 
     def call(self, sync: Any, coroutine: Any, *args: Any) -> Any:
         """``sync(*args)``, or ``coroutine(*args)`` on this worker's loop."""
-        if self.loop is None:
-            return sync(*args)
-        return self.loop.run_until_complete(coroutine(*args))
+        return on(self.loop, sync, coroutine, *args)
 
     def save(self, state: State) -> bool:
         """Save through the proxy."""
@@ -621,7 +619,7 @@ class Packer:
                 with self.run.active_lock:
                     under_way = sorted(self.run.active.items())
                 # Mostly States already created; now and then one whose create may be under way.
-                created = [(i, w) for i, w in under_way if _created(w, i)]
+                created = [(i, w) for i, w in under_way if _created(w.sent.get(i))]
                 if created and self.random.random() < 0.9:
                     under_way = created
                 if under_way:
@@ -639,22 +637,16 @@ class Packer:
         """One pack or read of ``state_id``; its outcome counted, or a violation recorded."""
         roll = self.random.random()
         what = "pack" if roll < 2 / 3 else "read"
-        created = _created(writer, state_id)
         sent = writer.sent.get(state_id)  # what it sent so far, and before the read
+        created = _created(sent)
+        loop = self.loop if use_async else None
         figures = self.run.figures
         try:
             if what == "pack":
-                remove = roll < 1 / 3
                 store = self.store
-                if use_async:
-                    coroutine = store.apack(state_id, remove_entries=remove)
-                    packed = self.loop.run_until_complete(coroutine)
-                else:
-                    packed = store.pack(state_id, remove_entries=remove)
-            elif use_async:
-                record = self.loop.run_until_complete(self.loader.aread(state_id))
+                packed = on(loop, store.pack, store.apack, state_id, remove_entries=roll < 1 / 3)
             else:
-                record = self.loader.read(state_id)
+                record = on(loop, self.loader.read, self.loader.aread, state_id)
         except StateNotFoundError as e:
             with self.run.active_lock:
                 under_way = state_id in self.run.active
@@ -663,7 +655,6 @@ class Packer:
             why = "deleted meanwhile" if created else "not created yet"
             with figures.lock:
                 figures.packs[f"{what}: StateNotFoundError ({why})"] += 1
-            return
         except Exception as e:
             if not documented(e):
                 figures.violation(
@@ -671,29 +662,42 @@ class Packer:
                 )
             with figures.lock:
                 figures.packs[f"{what}: {type(e).__name__}"] += 1
-            return
-        with figures.lock:
+        else:
             if what == "pack":
-                figures.packs["packed"] += 1
-                figures.packs["segments written"] += len(packed.written)
-                figures.packs["keys removed"] += len(packed.removed)
+                with figures.lock:
+                    figures.packs["packed"] += 1
+                    figures.packs["segments written"] += len(packed.written)
+                    figures.packs["keys removed"] += len(packed.removed)
             else:
-                figures.packs["read"] += 1
-        if what == "read" and record is not None:
-            seqs = [entry["seq"] for entry in record.entries]
-            if seqs != list(range(len(seqs))):
-                figures.violation(state_id, f"a packer read the seqs {seqs}")
-            for entry in record.entries:
-                if sent is None or plain(entry) not in sent.entries.get(entry["seq"], []):
-                    figures.violation(
-                        state_id, f"a packer read entry {entry['seq']}, which was never sent"
-                    )
+                with figures.lock:
+                    figures.packs["read"] += 1
+                if record is not None:
+                    self.check_read(state_id, record.entries, sent)
+
+    def check_read(self, state_id: str, entries: Sequence[Any], sent: Sent | None) -> None:
+        """What holds of a read at any moment: seqs 0, 1, 2, ..., each entry one it sent."""
+        seqs = [entry["seq"] for entry in entries]
+        if seqs != list(range(len(seqs))):
+            self.run.figures.violation(state_id, f"a packer read the seqs {seqs}")
+        for entry in entries:
+            if sent is None or plain(entry) not in sent.entries.get(entry["seq"], []):
+                self.run.figures.violation(
+                    state_id, f"a packer read entry {entry['seq']}, which was never sent"
+                )
 
 
-def _created(writer: Recording, state_id: str) -> bool:
-    """Whether a save of ``state_id`` through ``writer`` was acknowledged: the State exists."""
-    sent = writer.sent.get(state_id)
+def _created(sent: Sent | None) -> bool:
+    """Whether a save of the State that ``sent`` records was acknowledged: it exists."""
     return sent is not None and sent.acked_snapshot is not None
+
+
+def on(
+    loop: asyncio.AbstractEventLoop | None, sync: Any, coroutine: Any, *args: Any, **kw: Any
+) -> Any:
+    """``sync(*args, **kw)``, or ``coroutine(*args, **kw)`` run on ``loop``."""
+    if loop is None:
+        return sync(*args, **kw)
+    return loop.run_until_complete(coroutine(*args, **kw))
 
 
 # The run ---------------------------------------------------------------------------------------
@@ -707,6 +711,11 @@ def server(url: str | None) -> Iterator[str]:
         return
     with embedded_moto() as started:
         yield started
+
+
+def by_kind(counted: Counter[str]) -> str:
+    """``counted`` as ``"kind n, kind n"``, by kind."""
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(counted.items()))
 
 
 def leftovers(client: Any, bucket: str) -> Counter[str]:
@@ -777,8 +786,7 @@ def report(
                 f"{packs['keys removed']} keys removed), {packs['read']} read with auto_pack="
                 f"{LOAD_PACK_AT}; failed: {failed or 'none'}"
             )
-        left_kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(left.items()))
-        print(f"objects left in the bucket: {sum(left.values())} ({left_kinds or 'none'})")
+        print(f"objects left in the bucket: {sum(left.values())} ({by_kind(left) or 'none'})")
         print(f"violations: {len(figures.violations)}")
         kinds = Counter(kind_of(v) for v in figures.violations)
         for kind, n in kinds.most_common():
@@ -912,9 +920,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             proxy.stop()
             left = leftovers(client, bucket)
             if left and not warnings.counted[LEFTOVER_WARNING]:
-                kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(left.items()))
                 figures.violation(
-                    bucket, f"objects left after every State was deleted, none warned of: {kinds}"
+                    bucket,
+                    f"objects left after every State was deleted, none warned of: {by_kind(left)}",
                 )
             report(
                 proxy, figures, retries, warnings, args.attempts, left, time.monotonic() - started
