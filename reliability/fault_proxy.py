@@ -832,6 +832,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Test only: the runner must see these, and fail.
     parser.add_argument("--fake-ack", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not args.pack >= 0:  # NaN too
+        parser.error(f"--pack is a number of seconds, 0 for no packer, not {args.pack}")
     for key, value in CREDENTIALS.items():
         os.environ.setdefault(key, value)
     # A tool result saved alone that fails is logged by the Agent; the runner counts it.

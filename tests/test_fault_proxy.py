@@ -270,3 +270,11 @@ def test_a_state_that_failed_every_try_saves_once_faults_stop() -> None:
     assert figure(out, r"^after 2 failed tries, saved once faults stopped: saves (\d+)") > 0
     assert figure(out, r"^after 2 failed tries, .*, runs (\d+)$") > 0
     assert figure(out, r"^botocore retries: (\d+);") == 0
+
+
+@pytest.mark.parametrize("pause", ["-1", "nan"])
+def test_a_pause_between_packs_that_is_no_number_of_seconds_is_refused(pause: str) -> None:
+    done = run("--pack", pause, "--seconds", "1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--pack is a number of seconds, 0 for no packer, not {pause}" in done.stderr
+    assert "fault proxy at" not in done.stdout  # refused before any server started
