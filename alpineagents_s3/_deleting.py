@@ -34,9 +34,7 @@ def delete(layout: Layout, ledger: Ledger, state_id: str) -> Steps[None]:
     validate_id(state_id)
     prefix = layout.state_prefix(state_id)
     snap_key = layout.snapshot_key(state_id)
-    ledger.versions.pop(state_id, None)
-    ledger.texts.pop(state_id, None)
-    ledger.chains.pop(state_id, None)
+    ledger.forget(state_id)
     (head,) = yield from layout.send([layout.head(snap_key)])
     exists = not isinstance(head, Exception)
     if isinstance(head, Exception) and error_code(head) not in NOT_FOUND_CODES:

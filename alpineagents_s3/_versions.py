@@ -164,6 +164,17 @@ class Ledger:
     # Names this store object as the writer of the entries it stores.
     writer: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
+    def forget(self, state_id: str) -> None:
+        """Forget what this store object knew of a State (it is being deleted).
+
+        Its Version, effective snapshot, texts and chain of segments: a State created again
+        under the id is another generation, read afresh.
+        """
+        self.versions.pop(state_id, None)
+        self.effective.pop(state_id, None)
+        self.texts.pop(state_id, None)
+        self.chains.pop(state_id, None)
+
     def know_effective(self, state_id: str, effective: Effective | None) -> None:
         """Keep (or with ``None`` forget) a State's effective snapshot, a bounded number."""
         _keep(self.effective, state_id, effective, EFFECTIVE_STATES)
