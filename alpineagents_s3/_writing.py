@@ -40,6 +40,9 @@ from alpineagents_s3._entries import (
 from alpineagents_s3._layout import (
     BASE_META,
     CREATE_BASE,
+    ENTRIES_META,
+    GENERATION_META,
+    PAGE,
     PENDING_META,
     WRITER_META,
     Layout,
@@ -88,7 +91,18 @@ def write(
         seq = entry.get("seq")
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
             raise ValueError(f"a history entry of State {state_id!r} has the seq {seq!r}")
+        if seq in bodies:
+            raise ValueError(
+                f"the history entries given for State {state_id!r} hold seq {seq} twice"
+            )
         bodies[seq] = dumps(entry, f"history entry {seq} of State {state_id!r}")
+    if bodies and max(bodies) - min(bodies) + 1 != len(bodies):
+        hole = next(seq for seq in range(min(bodies), max(bodies)) if seq not in bodies)
+        raise ValueError(
+            f"the history entries given for State {state_id!r} skip seq {hole} (seqs "
+            f"{min(bodies)} to {max(bodies)}): a write sends every entry from the first the "
+            "store lacks, one seq after another"
+        )
     texting = yield from _texts_for(layout, ledger, state_id, entries, snapshot, create)
     used: set[str] = set()
     what = f"the snapshot of {state_id!r}"
@@ -264,6 +278,8 @@ def _write(
         )
     if version.unsure:
         version = yield from _settle(layout, ledger, state_id, version)
+    if first is not None and version.count is not None and first > version.count:
+        yield from _check_follows(layout, state_id, version, first)
     if first is not None and first < version.landed:
         entries = yield from _already_final(layout, state_id, version.landed, entries, bodies)
         first = first_seq(entries) if entries else None
@@ -566,6 +582,54 @@ def _already_final(
                 f"store.load({state_id!r}) and continue from what is saved"
             )
     return [entry for entry in entries if entry["seq"] >= landed]
+
+
+def _check_follows(layout: Layout, state_id: str, version: Version, first: int) -> Steps[None]:
+    """Refuse a save that would leave a hole: entries below ``first`` that are not stored.
+
+    Run when this store object knows fewer stored entries than the save's copy of the State
+    claims (``first`` past its count): the copy saved them through another store object, or
+    it skips some, against the Store contract. A hole would end the history for every load,
+    and a later save would clear what follows it as orphans. One LIST of the seqs between;
+    those not listed may be final entries a pack removed, which the stored snapshot counts
+    (a HEAD says).
+    """
+    count = version.count or 0
+    mine = f"{layout.entries_prefix(state_id)}{version.generation}/"
+    after = {"StartAfter": layout.entry_key(state_id, version.generation, count - 1)}
+    call = layout.list_page(mine, MaxKeys=min(first - count, PAGE), **(after if count else {}))
+    (page,) = yield from layout.send([call])
+    if isinstance(page, Exception):
+        layout.fail(page, mine, "ListObjectsV2 (the entries before a save's first)")
+    listed = {
+        parsed[1]
+        for item in page.get("Contents", ())
+        if (parsed := layout.parse_entry_key(state_id, item["Key"]))
+    }
+    hole = next((seq for seq in range(count, min(first, count + PAGE)) if seq not in listed), None)
+    if hole is None:
+        return
+    key = layout.snapshot_key(state_id)
+    (head,) = yield from layout.send([layout.head(key)])
+    if isinstance(head, Exception):
+        if error_code(head) in NOT_FOUND_CODES:
+            raise layout.not_found(state_id, f": {layout.url(key)} was deleted")
+        layout.fail(head, key, "HeadObject (the entries before a save's first)")
+    metadata = head.get("Metadata", {})
+    if metadata.get(GENERATION_META) != version.generation:
+        raise ConcurrentWriteError(
+            f"State {state_id!r} is not the one this copy was saved to: {layout.url(key)} is "
+            "of another generation (was the State deleted and created again?). Load it again "
+            f"with store.load({state_id!r}) and continue from what is saved"
+        )
+    stored = metadata.get(ENTRIES_META, "")
+    if stored.isdigit() and int(stored) > hole:
+        return  # final entries, packed (and their objects removed) by a pack
+    raise ValueError(
+        f"this save of State {state_id!r} begins at history entry {first}, but entry {hole} "
+        f"is not stored ({layout.url(layout.entry_key(state_id, version.generation, hole))}): "
+        "a write sends every entry from the first the store lacks. Nothing was written"
+    )
 
 
 def _first_write(

@@ -334,7 +334,7 @@ async def test_a_save_sent_again_after_its_snapshot_answer_was_lost_leaves_packe
     assert list(record.entries) == entry_dicts(0, 7)
     assert record.snapshot == snapshot_dict("lost", 7)
     with pytest.raises(ConcurrentWriteError, match="lost"):  # a different entry 4: refused
-        await io.write("lost", [*entry_dicts(4, 5, text="other"), *entry_dicts(7, 8)], None)
+        await io.write("lost", [*entry_dicts(4, 5, text="other"), *entry_dicts(5, 8)], None)
 
 
 async def test_a_pack_racing_a_delete_and_a_create_again_keeps_nothing_of_the_old_state(

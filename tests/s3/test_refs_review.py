@@ -268,29 +268,93 @@ async def test_a_snapshot_refused_before_any_request_keeps_the_index(
     assert "nan" in ledger(io).texts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, older than the references and not fixed: a Store-contract caller that saves "
-    "entry 5 alone while 4 is unsaved (the contract asks for no gaps) loses 5 to orphan clearing",
-)
-async def test_own_entry_saved_alone_beyond_a_gap_is_not_deleted_as_an_orphan(
-    mode: Mode, stores: Stores
-) -> None:
-    """Two tool results saved alone at once: seq 4's save fails, seq 5's lands (checked).
-    A load through the same store object (a monitor) takes 5 for an orphan. The copy that
-    saved 5 then saves 4 and 6 with the snapshot: clear_orphans deletes 5 (no body for it),
-    and the snapshot counts 7 entries. The State no longer loads. (Not introduced by 38522de:
-    the count, not a reference, breaks it; refs to 5 were dropped by the load. This
-    repository's core never sends [5] alone while 4 is unsaved -- ``_saving.plan`` sends from
-    ``saved.count`` -- so only a Store-contract caller of its own gets here.)"""
+async def test_own_entry_saved_alone_beyond_a_gap_is_refused(mode: Mode, stores: Stores) -> None:
+    """Two tool results saved alone at once: seq 4's save fails, seq 5's would land. Once
+    accepted, a load took 5 for an orphan and the next save (4 and 6 with the snapshot)
+    cleared it: the State no longer loaded. A Store-contract caller of its own gets here (this
+    repository's core and the published ones send from their saved count). The save of 5 is
+    now refused, naming entry 4, before anything is written, as FileStore refuses it; the
+    caller's next save, from 4, keeps everything."""
     io = stores.io(mode)
     history = entries(0, 4)
     await io.write("gap", history, snapshot_of(history), create=True)
+    before = await objects(io, "gap")
     full = history + entries(4, 7)
-    await io.write("gap", [full[5]], None)  # seq 5 saved alone; seq 4's save failed
-    assert (await io.read("gap")) is not None  # the monitor's load: gap at 4, 5 an orphan
-    await io.write("gap", [full[4], full[6]], snapshot_of(full))  # 5 was saved: not sent
+    with pytest.raises(ValueError, match=r"'gap' begins at history entry 5, but entry 4 is not"):
+        await io.write("gap", [full[5]], None)
+    assert await objects(io, "gap") == before  # nothing written
+    assert (await io.read("gap")).entries == history  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"'gap' skip seq 5 \(seqs 4 to 6\)"):
+        await io.write("gap", [full[4], full[6]], snapshot_of(full))
+    await io.write("gap", full[4:], snapshot_of(full))
     await load_equal(stores, mode, "gap", full)
+
+
+async def test_entries_saved_through_another_store_object_are_not_a_gap(
+    mode: Mode, stores: Stores
+) -> None:
+    """A copy of the State saved entries 4 and 5 alone through another store object of the
+    same bucket (equal stores: the core takes them for one): this store object knows 4
+    entries, and the copy's next save begins at 6. One LIST finds 4 and 5 stored, and the save
+    goes on; the next one costs no LIST."""
+    log = RequestLog()
+    io, other = stores.io(mode, event_hooks=log.hooks), stores.io(mode)
+    history = entries(0, 4)
+    await io.write("via", history, snapshot_of(history), create=True)
+    full = history + entries(4, 8)
+    await other.write("via", full[4:6], None)
+    log.clear()
+    await io.write("via", full[6:7], None)
+    assert log.counts()["LIST"] == 1
+    log.clear()
+    await io.write("via", full[7:], snapshot_of(full))
+    assert "LIST" not in log.counts()
+    await load_equal(stores, mode, "via", full)
+
+
+async def test_entries_a_pack_removed_are_not_taken_for_a_gap(mode: Mode, stores: Stores) -> None:
+    """Another store object saved entries 4 and 5 with a snapshot and packed them, their
+    objects removed: the entries between are final, counted by the stored snapshot, so the
+    save is not refused as skipping them; it meets the other writer's snapshot instead, as
+    any save of a copy behind another writer does, and what that writer saved is kept."""
+    io, other = stores.io(mode), stores.io(mode)
+    history = entries(0, 4)
+    await io.write("packed-gap", history, snapshot_of(history), create=True)
+    full = history + entries(4, 8)
+    await other.write("packed-gap", full[4:6], snapshot_of(full[:6]))
+    await pack(stores.new(), mode, "packed-gap", remove_entries=True)
+    with pytest.raises(ConcurrentWriteError, match="another writer"):
+        await io.write("packed-gap", full[6:], snapshot_of(full))
+    await load_equal(stores, mode, "packed-gap", full[:6])
+
+
+async def test_a_save_past_the_known_count_of_a_state_created_again(
+    mode: Mode, stores: Stores
+) -> None:
+    """The State was deleted and created again by another store object since this one saved
+    4 entries: a save beginning at 6 is refused as a write to another State, and writes
+    nothing."""
+    io, other = stores.io(mode), stores.io(mode)
+    history = entries(0, 4)
+    await io.write("again", history, snapshot_of(history), create=True)
+    await other.delete("again")
+    again = entries(0, 6)
+    await other.write("again", again, snapshot_of(again), create=True)
+    before = await objects(other, "again")
+    full = history + entries(4, 8)
+    with pytest.raises(ConcurrentWriteError, match="another generation"):
+        await io.write("again", full[6:], None)
+    assert await objects(other, "again") == before
+    await load_equal(stores, mode, "again", again)
+
+
+def test_entries_of_one_write_are_given_once_each() -> None:
+    """Two entries with one seq in a write: refused, naming it, before any request (the
+    second body silently replaced the first)."""
+    store = S3Store("no-such-bucket-for-this-test", endpoint_url="http://127.0.0.1:9")
+    twice = entries(0, 2) + entries(1, 2)
+    with pytest.raises(ValueError, match="'twice' hold seq 1 twice"):
+        store.write("twice", twice, None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -487,7 +551,9 @@ async def test_holds_a_state_loaded_through_another_store_object(
 
 
 async def test_holds_concurrent_alone_saves_of_one_store_object(stores: Stores) -> None:
-    """Tool results saved alone at once (async), one of them failing, then the snapshot."""
+    """Tool results saved alone at once (async), one of them failing: the save of the one
+    after it would leave a hole, and is refused naming it (nothing of it written); the
+    caller's next save, from the failed one, keeps everything."""
     flag = {"on": True}
     refuse = Refuse(500, "InternalError", when=lambda url, h: flag["on"] and url.endswith("5.json"))
     io = stores.io("async", event_hooks={"before-call.s3.PutObject": refuse})
@@ -497,9 +563,10 @@ async def test_holds_concurrent_alone_saves_of_one_store_object(stores: Stores) 
     results = await asyncio.gather(
         *(io.write("conc", [full[seq]], None) for seq in (4, 5, 6)), return_exceptions=True
     )
-    assert [isinstance(r, Exception) for r in results] == [False, True, False]
+    assert [isinstance(r, Exception) for r in results] == [False, True, True]
+    assert isinstance(results[2], ValueError) and "entry 5 is not stored" in str(results[2])
     flag["on"] = False
-    await io.write("conc", [full[5], full[7]], snapshot_of(full))
+    await io.write("conc", full[5:], snapshot_of(full))
     await load_equal(stores, "async", "conc", full)
 
 
