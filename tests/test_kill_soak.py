@@ -110,11 +110,13 @@ def test_s3_store_packing_as_it_resumes_keeps_every_promise_through_sigkill() ->
 
 
 # What each store makes of the lost tool results: FileStore's load sees a seq missing from
-# what the child was told is saved; S3Store refuses to load a State whose snapshot accounts
-# for entries it does not hold. Either is a violation the runner must print.
+# what the child was told is saved; S3Store refuses the child's next save, which would leave
+# a hole where the dropped entries are (and the load then finds them missing). Either is a
+# violation the runner must print.
 CAUGHT = {
     "file": r"after child \d+: entry \d+ \(tool_result\), saved, is missing",
-    "s3": r"after child \d+: the load failed: CorruptStateError: .*accounts for \d+ history",
+    "s3": r"child \d+ raised: ValueError: this save of State '[\w-]+' begins at history entry "
+    r"\d+, but entry \d+ is not stored",
 }
 
 
