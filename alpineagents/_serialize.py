@@ -106,7 +106,13 @@ def entry_to_dict(entry: HistoryEntry) -> dict[str, Any]:
     Written compact (``_WRITE_COMPACT``), a model entry whose text is its text blocks joined
     keeps the text once, in the blocks.
     """
-    data = copy.deepcopy(entry.data)  # a store may keep the dict: it must not share it
+    try:
+        data = copy.deepcopy(entry.data)  # a store may keep the dict: it must not share it
+    except RecursionError as e:  # data changed in place after append, past what was checked
+        raise NotJSONError(
+            f"history entry {entry.seq} ({entry.kind}) cannot be saved as JSON: its data is "
+            f"nested too deeply ({e})"
+        ) from e
     if _WRITE_COMPACT and entry.kind == MODEL and model_text(data.get("content", [])) == entry.text:
         return {
             "v": SCHEMA_VERSION,
