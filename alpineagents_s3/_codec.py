@@ -69,6 +69,20 @@ def dumps(obj: Mapping[str, Any] | None, what: str) -> bytes:
         ) from e
 
 
+def dumps_as_read(obj: Mapping[str, Any], what: str) -> bytes:
+    """The JSON of a dict read from the bucket, to be written again (a pack's segments).
+
+    What a load accepts a pack must keep: an object written by another tool may hold NaN, an
+    infinity or an escaped lone surrogate, which ``json.loads`` reads and :func:`dumps` refuses.
+    Such a dict is written with ASCII escapes and those literals, which the readers take.
+    """
+    try:
+        return dumps(obj, what)
+    except ValueError:
+        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=True)
+        return text.encode("ascii")
+
+
 def _loads(body: bytes, where: str) -> Any:
     try:
         return json.loads(body)

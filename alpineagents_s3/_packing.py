@@ -28,7 +28,7 @@ from typing import Final
 
 from alpineagents_s3._codec import (
     begins_as_segment,
-    dumps,
+    dumps_as_read,
     dumps_segment,
     loads_segment,
     validate_id,
@@ -171,7 +171,8 @@ def pack_gathered(
     if covered < count:
 
         def entry_body(seq: int) -> bytes:
-            return dumps(found.entries[seq].entry, f"history entry {seq} of State {state_id!r}")
+            entry = found.entries[seq].entry
+            return dumps_as_read(entry, f"history entry {seq} of State {state_id!r}")
 
         bodies = {seq: entry_body(seq) for seq in range(covered, count)}
         size = sum(map(len, bodies.values()))
