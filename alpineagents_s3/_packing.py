@@ -10,8 +10,12 @@ Sizes stay few and large. The entries not yet packed become new segments of abou
 smaller than that and no larger than the new entries (or any, while those are under
 :data:`SEGMENT_MIN`): like carries in a binary counter, a State packed again and again keeps a
 few segments under ``SEGMENT_MAX`` besides its full ones, each of at least 128 KiB but the one
-segment of a small State. The segments taken in are removed once the new ones are stored; a
-reader that listed one of them meets a 404 and lists the segments again.
+segment of a small State. A pack as loads go (``auto_pack``) never takes in a full segment
+(``SEGMENT_MAX`` or more, as one entry that large makes): it would send it again for a few
+new entries at every pack, so what follows one may be a segment under 128 KiB until later
+packs grow it; a pack on request takes it in (once, for archiving). The segments taken in
+are removed once the new ones are stored; a reader that listed one of them meets a 404 and
+lists the segments again.
 
 With ``remove_entries``, the entry objects a segment covers are removed too, for archiving:
 the State is then its snapshot, its segments and the entries saved after the pack. Every
@@ -48,7 +52,7 @@ logger = logging.getLogger("alpineagents_s3")
 # S3 lifecycle rules by default do not transition objects smaller than this.
 SEGMENT_MIN: Final = 128 * 1024
 # A segment is cut once it holds this much: a load then fetches several at once, and holds the
-# bytes of one while it parses it, and a merge never rewrites more than this.
+# bytes of one while it parses it; a pack as loads go never rewrites a segment this large.
 SEGMENT_MAX: Final = 1024 * 1024
 # How often a pack reads a damaged segment it writes again, if another pack replaces it first.
 SEGMENT_TRIES: Final = 3
@@ -83,7 +87,7 @@ def pack(
     found = yield from gather(layout, state_id)
     if found is None:
         raise layout.not_found(state_id)
-    packed = yield from pack_gathered(layout, state_id, found, remove_entries)
+    packed = yield from pack_gathered(layout, state_id, found, remove_entries, full_too=True)
     if ledger is not None:
         ledger.know_chain(state_id, chain_after(layout, state_id, found, packed))
     return packed
@@ -103,7 +107,7 @@ def read_and_pack(
     if found is None or fetched < at_least:
         return record
     try:
-        packed = yield from pack_gathered(layout, state_id, found, remove_entries=False)
+        packed = yield from pack_gathered(layout, state_id, found, False, full_too=False)
     except Exception as e:  # noqa: BLE001 - the load has what it read; the pack can wait
         logger.warning(
             "loaded %s, but could not pack its %d entries read one by one (auto_pack=%d): %s",
@@ -151,24 +155,34 @@ def _segments_read(found: Gathered) -> tuple[list[Segment], frozenset[str]]:
     return readable, frozenset(unread)
 
 
+def _takes_in(last: Segment, size: int, full_too: bool) -> bool:
+    """Whether new segments of ``size`` bytes take in the ``last`` segment of the chain."""
+    if last.size <= min(size, SEGMENT_MAX - 1):  # a carry of the binary counter
+        return True
+    return size < SEGMENT_MIN and (full_too or last.size < SEGMENT_MAX)
+
+
 def _covered(segments: Sequence[Segment]) -> int:
     return segments[-1].end if segments else 0
 
 
 def pack_gathered(
-    layout: Layout, state_id: str, found: Gathered, remove_entries: bool
+    layout: Layout, state_id: str, found: Gathered, remove_entries: bool, *, full_too: bool
 ) -> Steps[Packed]:
     """Pack what ``found`` (a read of the State just made) holds of the final entries.
 
     A load that read the State packs from what it read (``S3Store(auto_pack=...)``): the
-    writes of a pack, no GET more.
+    writes of a pack, no GET more. ``full_too``: a full last segment may be taken in, so that
+    every segment reaches ``SEGMENT_MIN`` (``pack``; a pack as loads go leaves it).
     """
     generation = found.stored.meta.generation
     count = found.stored.meta.count or 0  # no count recorded: nothing is known to be final
     segments, damaged = _segments_read(found)  # a damaged segment is written again
     covered = _covered(segments)
     written: list[str] = []
-    if covered < count:
+    # A pack on request also grows a last segment an earlier pack as loads go left small.
+    small_tail = full_too and len(segments) > 1 and segments[-1].size < SEGMENT_MIN
+    if covered < count or small_tail:
 
         def entry_body(seq: int) -> bytes:
             entry = found.entries[seq].entry
@@ -176,7 +190,7 @@ def pack_gathered(
 
         bodies = {seq: entry_body(seq) for seq in range(covered, count)}
         size = sum(map(len, bodies.values()))
-        while segments and (size < SEGMENT_MIN or segments[-1].size <= min(size, SEGMENT_MAX - 1)):
+        while segments and _takes_in(segments[-1], size, full_too):
             merged = segments.pop()
             size += merged.size
             bodies.update((seq, entry_body(seq)) for seq in range(merged.start, merged.end))
