@@ -111,6 +111,16 @@ RULES: Final[tuple[Rule, ...]] = (
         "the bucket name, region and endpoint",
     ),
     Rule(
+        # 403 too, but no permission is missing: the object is in an archive storage class.
+        lambda fault, _: fault.code == "InvalidObjectState",
+        S3StoreError,
+        "{action} {url} was refused ({code}: {message}): the object is archived (S3 Glacier "
+        "Flexible Retrieval or Deep Archive, by a lifecycle rule or a PUT) and must be "
+        "restored before it can be read. Restore it and the State's other archived objects "
+        "(aws s3api restore-object; store.objects(id) lists them), then load it again once "
+        "the restore is done",
+    ),
+    Rule(
         lambda fault, _: fault.code in ACCESS_CODES or fault.status == 403,
         S3AccessDeniedError,
         "{action} {url} was refused ({code}: {message}). The credentials in use need "
