@@ -511,9 +511,10 @@ class Worker:
         if self.save_until_done(state):
             self.check(state, final=True)
         self.run.end(state.id)
-        self.store.sent.pop(state.id, None)
         with contextlib.suppress(KeyError):
             self.checker.store.delete(state.id)
+        # Only now: a packer's read of the State, until it is deleted, checks what was sent.
+        self.store.sent.pop(state.id, None)
 
     # The scenarios.
 
@@ -637,8 +638,8 @@ class Packer:
         """One pack or read of ``state_id``; its outcome counted, or a violation recorded."""
         roll = self.random.random()
         what = "pack" if roll < 2 / 3 else "read"
-        sent = writer.sent.get(state_id)  # what it sent so far, and before the read
-        created = _created(sent)
+        sent = writer.sent.get(state_id)  # before the pack or read (the worker drops it
+        created = _created(sent)  # once it is done with the State)
         loop = self.loop if use_async else None
         figures = self.run.figures
         try:
@@ -672,6 +673,9 @@ class Packer:
                 with figures.lock:
                     figures.packs["read"] += 1
                 if record is not None:
+                    # A State created while the read ran: the worker records a write before
+                    # sending it, so what it sent is known by the end of the read.
+                    sent = sent or writer.sent.get(state_id)
                     self.check_read(state_id, record.entries, sent)
 
     def check_read(self, state_id: str, entries: Sequence[Any], sent: Sent | None) -> None:
