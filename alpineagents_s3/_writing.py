@@ -279,7 +279,7 @@ def _write(
     if version.unsure:
         version = yield from _settle(layout, ledger, state_id, version)
     if first is not None and version.count is not None and first > version.count:
-        yield from _check_follows(layout, state_id, version, first)
+        version = yield from _check_follows(layout, ledger, state_id, version, first)
     if first is not None and first < version.landed:
         entries = yield from _already_final(layout, state_id, version.landed, entries, bodies)
         first = first_seq(entries) if entries else None
@@ -584,52 +584,70 @@ def _already_final(
     return [entry for entry in entries if entry["seq"] >= landed]
 
 
-def _check_follows(layout: Layout, state_id: str, version: Version, first: int) -> Steps[None]:
+def _check_follows(
+    layout: Layout, ledger: Ledger, state_id: str, version: Version, first: int
+) -> Steps[Version]:
     """Refuse a save that would leave a hole: entries below ``first`` that are not stored.
 
     Run when this store object knows fewer stored entries than the save's copy of the State
     claims (``first`` past its count): the copy saved them through another store object, or
     it skips some, against the Store contract. A hole would end the history for every load,
-    and a later save would clear what follows it as orphans. One LIST of the seqs between;
-    those not listed may be final entries a pack removed, which the stored snapshot counts
-    (a HEAD says).
+    and a later save would clear what follows it as orphans. A LIST of the seqs between (a
+    page per 1,000); those not listed may be final entries a pack removed, which the stored
+    snapshot counts (a HEAD says). Once they are all stored, this store object counts them,
+    and the snapshot it writes next counts them too.
     """
     count = version.count or 0
     mine = f"{layout.entries_prefix(state_id)}{version.generation}/"
-    after = {"StartAfter": layout.entry_key(state_id, version.generation, count - 1)}
-    call = layout.list_page(mine, MaxKeys=min(first - count, PAGE), **(after if count else {}))
-    (page,) = yield from layout.send([call])
-    if isinstance(page, Exception):
-        layout.fail(page, mine, "ListObjectsV2 (the entries before a save's first)")
-    listed = {
-        parsed[1]
-        for item in page.get("Contents", ())
-        if (parsed := layout.parse_entry_key(state_id, item["Key"]))
-    }
-    hole = next((seq for seq in range(count, min(first, count + PAGE)) if seq not in listed), None)
-    if hole is None:
-        return
-    key = layout.snapshot_key(state_id)
-    (head,) = yield from layout.send([layout.head(key)])
-    if isinstance(head, Exception):
-        if error_code(head) in NOT_FOUND_CODES:
-            raise layout.not_found(state_id, f": {layout.url(key)} was deleted")
-        layout.fail(head, key, "HeadObject (the entries before a save's first)")
-    metadata = head.get("Metadata", {})
-    if metadata.get(GENERATION_META) != version.generation:
-        raise ConcurrentWriteError(
-            f"State {state_id!r} is not the one this copy was saved to: {layout.url(key)} is "
-            "of another generation (was the State deleted and created again?). Load it again "
-            f"with store.load({state_id!r}) and continue from what is saved"
-        )
-    stored = metadata.get(ENTRIES_META, "")
-    if stored.isdigit() and int(stored) > hole:
-        return  # final entries, packed (and their objects removed) by a pack
-    raise ValueError(
-        f"this save of State {state_id!r} begins at history entry {first}, but entry {hole} "
-        f"is not stored ({layout.url(layout.entry_key(state_id, version.generation, hole))}): "
-        "a write sends every entry from the first the store lacks. Nothing was written"
-    )
+    listed: set[int] = set()
+    after = layout.entry_key(state_id, version.generation, count - 1) if count else None
+    while True:
+        extra = {"StartAfter": after} if after else {}
+        call = layout.list_page(mine, MaxKeys=min(first - count, PAGE), **extra)
+        (page,) = yield from layout.send([call])
+        if isinstance(page, Exception):
+            layout.fail(page, mine, "ListObjectsV2 (the entries before a save's first)")
+        contents = page.get("Contents", ())
+        for item in contents:
+            parsed = layout.parse_entry_key(state_id, item["Key"])
+            if parsed is not None:
+                listed.add(parsed[1])
+        if not page.get("IsTruncated") or not contents or max(listed, default=-1) >= first - 1:
+            break
+        after = contents[-1]["Key"]
+    missing = [seq for seq in range(count, first) if seq not in listed]
+    if missing:
+        key = layout.snapshot_key(state_id)
+        (head,) = yield from layout.send([layout.head(key)])
+        if isinstance(head, Exception):
+            if error_code(head) in NOT_FOUND_CODES:
+                raise layout.not_found(state_id, f": {layout.url(key)} was deleted")
+            layout.fail(head, key, "HeadObject (the entries before a save's first)")
+        metadata = head.get("Metadata", {})
+        if metadata.get(GENERATION_META) != version.generation:
+            raise ConcurrentWriteError(
+                f"State {state_id!r} is not the one this copy was saved to: {layout.url(key)} "
+                "is of another generation (was the State deleted and created again?). Load it "
+                f"again with store.load({state_id!r}) and continue from what is saved"
+            )
+        stored = metadata.get(ENTRIES_META, "")
+        final = int(stored) if stored.isdigit() else 0  # packed, their objects maybe removed
+        hole = next((seq for seq in missing if seq >= final), None)
+        if hole is not None:
+            where = layout.url(layout.entry_key(state_id, version.generation, hole))
+            raise ValueError(
+                f"this save of State {state_id!r} begins at history entry {first}, but entry "
+                f"{hole} is not stored ({where}): a write sends every entry from the first "
+                "the store lacks. Nothing was written"
+            )
+    ledger.stored(state_id, set(range(count, first)))
+    # They are another store object's: what they change of the snapshot is not known here, so
+    # this one's next entries do not commit alone after them before a snapshot PUT counts them
+    # (loads read one writer's entries committed alone in a row).
+    version = replace(ledger.versions[state_id], own=False)
+    ledger.versions[state_id] = version
+    ledger.know_effective(state_id, None)
+    return version
 
 
 def _first_write(
