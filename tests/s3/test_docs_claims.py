@@ -331,6 +331,21 @@ def test_a_store_object_keeps_the_chains_of_the_256_states_it_read_last() -> Non
     assert "s0" not in ledger.chains and "s1" in ledger.chains and "s256" in ledger.chains
 
 
+async def rounds_of_an_auto_pack(
+    stores: Stores, state_id: str
+) -> tuple[list[int], list[int], list[str], S3Store]:
+    """The rounds of a plain load, those of a load with ``auto_pack=16`` after it, the kinds
+    of the latter's requests, and its store."""
+    reader = stores.new()
+    plain = Rounds(reader)
+    await load(reader, "async", state_id)
+    log = RequestLog()
+    packing = stores.new(auto_pack=16, event_hooks=log.hooks)
+    counted = Rounds(packing)
+    await load(packing, "async", state_id)
+    return plain.batches, counted.batches, [r.kind for r in log.requests], packing
+
+
 async def test_the_load_that_packs_takes_2_rounds_more_and_3_when_it_merges(
     stores: Stores,
 ) -> None:
@@ -340,29 +355,18 @@ async def test_the_load_that_packs_takes_2_rounds_more_and_3_when_it_merges(
     run(state, 8)  # 17 entries
     writer = stores.new()
     writer.save(state)
-    reader = stores.new()
-    plain = Rounds(reader)
-    await load(reader, "async", state.id)
-    log = RequestLog()
-    packing = stores.new(auto_pack=16, event_hooks=log.hooks)
-    counted = Rounds(packing)
-    await load(packing, "async", state.id)
-    assert len(counted.batches) == len(plain.batches) + 2, (plain.batches, counted.batches)
-    assert counted.batches[-2:] == [1, 1]  # the segment PUT, then the HEAD
-    assert [r.kind for r in log.requests][-2:] == ["PUT", "HEAD"]
+    plain, counted, kinds, packing = await rounds_of_an_auto_pack(stores, state.id)
+    assert len(counted) == len(plain) + 2, (plain, counted)
+    assert counted[-2:] == [1, 1]  # the segment PUT, then the HEAD
+    assert kinds[-2:] == ["PUT", "HEAD"]
     (small,) = segment_keys_of(packing, state.id)
 
     run(state, 8, first=8)  # 16 more: the small segment is taken in
     writer.save(state)
-    reader = stores.new()
-    plain = Rounds(reader)
-    await load(reader, "async", state.id)
-    log = RequestLog()
-    packing = stores.new(auto_pack=16, event_hooks=log.hooks)
-    counted = Rounds(packing)
-    assert (await load(packing, "async", state.id)).history == state.history
-    assert len(counted.batches) == len(plain.batches) + 3, (plain.batches, counted.batches)
-    assert [r.kind for r in log.requests][-3:] == ["PUT", "HEAD", "DELETE"]
+    plain, counted, kinds, packing = await rounds_of_an_auto_pack(stores, state.id)
+    assert stores.new().load(state.id).history == state.history
+    assert len(counted) == len(plain) + 3, (plain, counted)
+    assert kinds[-3:] == ["PUT", "HEAD", "DELETE"]
     assert small not in segment_keys_of(packing, state.id)
 
 
