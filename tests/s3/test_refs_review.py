@@ -370,10 +370,10 @@ def test_holds_one_save_copies_the_texts_index_cheaply() -> None:
     index = Texts("g")
     index.add([{"seq": s, "content": f"{s:07d}" + "r" * MIN_LENGTH} for s in range(100_000)])
     one = [{"seq": 100_000, "content": "n" * MIN_LENGTH}]
-    started = time.perf_counter()
+    started = time.process_time()
     for _ in range(20):
         index.with_entries(one)
-    per_save = (time.perf_counter() - started) / 20
+    per_save = (time.process_time() - started) / 20
     assert per_save < 0.02, f"{per_save * 1000:.1f} ms to add one entry"
 
 
@@ -609,7 +609,9 @@ async def test_holds_odd_values(mode: Mode, stores: Stores) -> None:
 
 
 def test_holds_huge_contexts_encode_and_resolve_in_linear_time() -> None:
-    """20,000 long texts (and one text referred to 2,000 times): no quadratic step."""
+    """20,000 long texts (and one text referred to 2,000 times): no quadratic step. Timed in
+    this process's CPU, which other work on the machine does not stretch (the wall time did,
+    once, with two other test runs on the same 2 cores)."""
     n = 20_000
     history = [
         {"seq": s, "kind": "tool_result", "content": f"{s:06d}" + "r" * MIN_LENGTH}
@@ -617,22 +619,22 @@ def test_holds_huge_contexts_encode_and_resolve_in_linear_time() -> None:
     ]
     snapshot = {"v": 3, "context": [{"content": e["content"]} for e in history]}
     texts = Texts("g")
-    started = time.perf_counter()
+    started = time.process_time()
     texts.add(history)
     body = gzip.decompress(_refs.encode(snapshot, texts, "x"))
     parsed, refs = _refs.unwrap(json.loads(body), "x")
     back = _refs.resolve(parsed, refs, history, "x")
-    took = time.perf_counter() - started
+    took = time.process_time() - started
     assert back == snapshot and len(refs) == n
     assert took < 2.0, took
     big = "z" * 200_000
     history = [{"seq": 0, "content": big}]
     snapshot = {"context": [big] * 2_000}
-    started = time.perf_counter()
+    started = time.process_time()
     body = gzip.decompress(_refs.encode(snapshot, Texts("g").with_entries(history), "x"))
     parsed, refs = _refs.unwrap(json.loads(body), "x")
     assert _refs.resolve(parsed, refs, history, "x") == snapshot
-    assert time.perf_counter() - started < 3.0
+    assert time.process_time() - started < 3.0
 
 
 async def test_holds_many_saves_keep_the_snapshot_small(stores: Stores) -> None:

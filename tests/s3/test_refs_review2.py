@@ -410,13 +410,13 @@ def test_holds_a_read_of_5000_entries_spends_little_on_references() -> None:
     texts.add(history)
     for index in (texts, None):
         body = _refs.decompress(_refs.encode(snapshot, index, "x"), "x")
-        started = time.perf_counter()
+        started = time.process_time()
         parsed, refs = _refs.unwrap(json.loads(body), "x")
         found = _refs.texts_of("g", refs, n)
         whole = _refs.whole_texts(parsed)
         if whole:
             _refs.find_texts(found, history, whole, 2 * len(parsed["context"]) + 64)
         back = _refs.resolve(parsed, refs, history, "x")
-        took = time.perf_counter() - started
+        took = time.process_time() - started
         assert back == snapshot and len(found.where) == n
         assert took < 1.0, f"{took:.2f} s"
