@@ -921,48 +921,64 @@ def _create(
     )
     key = layout.snapshot_key(state_id)
     token = new_token()
+    # This attempt's token, and those of earlier attempts of this store object that ended
+    # without a clear answer; not those of attempts under way in other threads or tasks: a
+    # concurrent create of the same id that wins took the id, as any other creator's would.
     tokens = (pending.tokens if pending else frozenset()) | {token}
-    ledger.pending_creates[state_id] = PendingCreate(generation, tokens)
     count = len(entries)
     opens = _opens(state_id, snapshot)
     put = layout.snapshot_put(state_id, body, generation, token, count, open=opens, IfNoneMatch="*")
-    (outcome,) = yield from layout.send([put])
-    if not isinstance(outcome, Exception):
-        del ledger.pending_creates[state_id]
-        ledger.versions[state_id] = Version(outcome["ETag"], generation, count=count).checkpoint(
-            outcome["ETag"], count, opens
-        )
-        _know_effective(ledger, state_id, body)
-        logger.debug("created %s with %d entries at %s", state_id, count, layout.url(key))
-        return
-    if error_code(outcome) not in PRECONDITION_CODES:
-        layout.fail(outcome, key, "PutObject", "If-None-Match: *")
-    current = yield from get_snapshot(layout, state_id, "GetObject (a taken id)")
-    if current is not None and current.meta.token in tokens:
-        # An attempt of this very create was applied, but its answer was lost. The pending
-        # create stays until this is done: a failure below leaves it to be tried again.
-        landed = current.meta.generation
-        if landed != generation:
-            # An earlier attempt's: its generation is the State's. Entries it lacks go there.
-            there = Version(CREATE_BASE, landed)
-            moved = yield from put_entries(layout, state_id, there, entries, bodies, mark)
-            yield from delete_keys(layout, written, required=False)
-            written = moved
-        ledger.versions[state_id] = Version(current.etag, landed, count=count).checkpoint(
-            current.etag, count, current.meta.open
-        )
-        logger.debug("%s was created by an earlier attempt of this write", layout.url(key))
-        if current.body != body:
-            yield from _replace_snapshot(layout, ledger, state_id, body, written, opens=opens)
-        _know_effective(ledger, state_id, body)
-        del ledger.pending_creates[state_id]
-        return
+    try:
+        (outcome,) = yield from layout.send([put])
+        if not isinstance(outcome, Exception):
+            ledger.pending_creates.pop(state_id, None)
+            ledger.versions[state_id] = Version(
+                outcome["ETag"], generation, count=count
+            ).checkpoint(outcome["ETag"], count, opens)
+            _know_effective(ledger, state_id, body)
+            logger.debug("created %s with %d entries at %s", state_id, count, layout.url(key))
+            return
+        if error_code(outcome) not in PRECONDITION_CODES:
+            layout.fail(outcome, key, "PutObject", "If-None-Match: *")
+        current = yield from get_snapshot(layout, state_id, "GetObject (a taken id)")
+        if current is not None and current.meta.token in tokens:
+            # An attempt of this very create was applied, but its answer was lost. The pending
+            # create stays until this is done: a failure below leaves it to be tried again.
+            _attempted(ledger, state_id, generation, token)
+            landed = current.meta.generation
+            if landed != generation:
+                # An earlier attempt's: its generation is the State's. Entries it lacks go there.
+                there = Version(CREATE_BASE, landed)
+                moved = yield from put_entries(layout, state_id, there, entries, bodies, mark)
+                yield from delete_keys(layout, written, required=False)
+                written = moved
+            ledger.versions[state_id] = Version(current.etag, landed, count=count).checkpoint(
+                current.etag, count, current.meta.open
+            )
+            logger.debug("%s was created by an earlier attempt of this write", layout.url(key))
+            if current.body != body:
+                yield from _replace_snapshot(layout, ledger, state_id, body, written, opens=opens)
+            _know_effective(ledger, state_id, body)
+            ledger.pending_creates.pop(state_id, None)
+            return
+    except BaseException:
+        # No clear answer (an error, a cancellation, SIGTERM's SystemExit while S3 applies
+        # it): the next create of the id recognises this attempt's snapshot as its own.
+        _attempted(ledger, state_id, generation, token)
+        raise
     ledger.pending_creates.pop(state_id, None)
     yield from delete_keys(layout, written, required=False)
     raise StateExistsError(
         f"{layout.url(layout.root)} already has a State with id {state_id!r} "
         f"({layout.url(key)}): continue it with store.load({state_id!r}), or pick another id"
     )
+
+
+def _attempted(ledger: Ledger, state_id: str, generation: str, token: str) -> None:
+    """Record an attempt to create the State whose outcome this store object does not know."""
+    prior = ledger.pending_creates.get(state_id)
+    tokens = (prior.tokens if prior else frozenset()) | {token}
+    ledger.pending_creates[state_id] = PendingCreate(generation, tokens)
 
 
 def _replace_snapshot(

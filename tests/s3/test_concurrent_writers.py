@@ -253,3 +253,60 @@ def test_a_load_racing_the_runs_own_save_does_not_roll_its_baseline_back(
     assert store.save(run) is True  # not ConcurrentWriteError
     assert store.load("r").data == {"n": 3}
     store.close()
+
+
+def test_a_concurrent_create_of_one_id_by_one_store_object_loses_as_any_creator(
+    stores: Stores,
+) -> None:
+    """Two threads create one id through one store object; the first's snapshot PUT lands
+    while the second's create is under way. The second took the first's token for one of its
+    own earlier attempts (an answer lost), put its entries under the first's generation, met
+    a different entry 0 there and raised ``ConcurrentWriteError`` (LocalStack's conformance
+    race showed it under load). It loses as any other creator does: ``StateExistsError``, and
+    the first's State is whole."""
+    first_at_put, second_at_put, first_done = (threading.Event() for _ in range(3))
+    arrivals: list[int] = []
+    lock = threading.Lock()
+
+    def hold(request: Any, **kwargs: Any) -> None:
+        if request.method != "PUT" or not request.url.endswith("/snapshot.json"):
+            return
+        with lock:
+            n = len(arrivals)
+            arrivals.append(n)
+        if n == 0:  # the first create's snapshot PUT waits for the second to be under way
+            first_at_put.set()
+            assert second_at_put.wait(10)
+        elif n == 1:  # the second's goes once the first create has returned
+            second_at_put.set()
+            assert first_done.wait(10)
+
+    store = stores.new(event_hooks={"before-send.s3.PutObject": hold})
+    outcomes: dict[int, BaseException | None] = {}
+
+    def create(n: int) -> None:
+        try:
+            store.write(
+                "one-id",
+                entry_dicts(0, 1, text=f"writer {n}"),
+                snapshot_dict("one-id", 1),
+                create=True,
+            )
+            outcomes[n] = None
+        except BaseException as e:  # noqa: BLE001 - the outcome is the test's
+            outcomes[n] = e
+        finally:
+            if n == 1:
+                first_done.set()
+
+    first = threading.Thread(target=create, args=(1,))
+    first.start()
+    assert first_at_put.wait(10)
+    second = threading.Thread(target=create, args=(2,))
+    second.start()
+    first.join(20)
+    second.join(20)
+    assert outcomes[1] is None, outcomes
+    assert isinstance(outcomes[2], StateExistsError), outcomes
+    record = stores.new().read("one-id")
+    assert record is not None and record.entries == entry_dicts(0, 1, text="writer 1")
