@@ -42,7 +42,6 @@ from alpineagents_s3._layout import (
     CREATE_BASE,
     ENTRIES_META,
     GENERATION_META,
-    PAGE,
     PENDING_META,
     WRITER_META,
     Layout,
@@ -592,29 +591,18 @@ def _check_follows(
     Run when this store object knows fewer stored entries than the save's copy of the State
     claims (``first`` past its count): the copy saved them through another store object, or
     it skips some, against the Store contract. A hole would end the history for every load,
-    and a later save would clear what follows it as orphans. A LIST of the seqs between (a
+    and a later save would clear what follows it as orphans. A LIST of the seqs between (``scan``, a
     page per 1,000); those not listed may be final entries a pack removed, which the stored
     snapshot counts (a HEAD says). Once they are all stored, this store object counts them,
     and the snapshot it writes next counts them too.
     """
     count = version.count or 0
     mine = f"{layout.entries_prefix(state_id)}{version.generation}/"
-    listed: set[int] = set()
     after = layout.entry_key(state_id, version.generation, count - 1) if count else None
-    while True:
-        extra = {"StartAfter": after} if after else {}
-        call = layout.list_page(mine, MaxKeys=min(first - count, PAGE), **extra)
-        (page,) = yield from layout.send([call])
-        if isinstance(page, Exception):
-            layout.fail(page, mine, "ListObjectsV2 (the entries before a save's first)")
-        contents = page.get("Contents", ())
-        for item in contents:
-            parsed = layout.parse_entry_key(state_id, item["Key"])
-            if parsed is not None:
-                listed.add(parsed[1])
-        if not page.get("IsTruncated") or not contents or max(listed, default=-1) >= first - 1:
-            break
-        after = contents[-1]["Key"]
+    start = {"StartAfter": after} if after else {}
+    (page,) = yield from layout.send([layout.list_page(mine, **start)])
+    listed: dict[int, tuple[str, str]] = {}
+    yield from scan(layout, state_id, version.generation, page, listed, after=after)
     missing = [seq for seq in range(count, first) if seq not in listed]
     if missing:
         key = layout.snapshot_key(state_id)

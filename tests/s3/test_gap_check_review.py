@@ -19,7 +19,7 @@ import pytest
 from alpineagents import Agent, ModelRequest, State, _saving
 from alpineagents.history import TOOL_RESULT
 from alpineagents.testing import FunctionModel, StoreIO, call
-from alpineagents_s3 import ConcurrentWriteError, S3StoreError, StateNotFoundError, _writing
+from alpineagents_s3 import ConcurrentWriteError, S3StoreError, StateNotFoundError, _layout
 from alpineagents_s3.testing import RequestLog
 from tests.helpers import Mode, entry_dicts, snapshot_dict
 from tests.s3.helpers import LoseAnswers, Refuse, Stores, load, objects, pack, save
@@ -71,7 +71,7 @@ async def test_a_hole_more_than_a_page_past_the_known_count_is_refused(
     1,000: the same with 1,005 entries between, ~8 s on moto, which this file does not
     spend), the LIST from 5 ended at 12, every seq the check looked at was listed, and 19 was
     committed alone beyond a hole no load reads past. The check now lists page after page."""
-    monkeypatch.setattr(_writing, "PAGE", 8)
+    monkeypatch.setattr(_layout, "PAGE", 8)
     io, other = stores.io(mode), stores.io(mode)
     full = entry_dicts(0, 20)
     await io.write("page", full[:4], snapshot_dict("page", 4), create=True)
