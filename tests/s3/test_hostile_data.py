@@ -36,7 +36,7 @@ from alpineagents.errors import NotJSONError, StateNotFoundError
 from alpineagents.history import MODEL, TOOL_RESULT, USER
 from alpineagents.model import ModelRequest
 from alpineagents.testing import FunctionModel, call
-from alpineagents_s3 import S3Store, _deleting, _layout, _writing
+from alpineagents_s3 import S3Store, _deleting, _layout
 from alpineagents_s3._packing import SEGMENT_MAX, SEGMENT_MIN
 from alpineagents_s3.testing import RequestLog
 from tests.helpers import Mode
@@ -377,7 +377,7 @@ async def test_many_one_character_entries_pack_into_one_segment(
     warm. Pages of 50 keys instead of S3's 1,000, so 160 entries (one PUT and one GET each on
     moto) take the paths 3,000 would (the first listing stays
     ``FIRST_PAGE``, 100 keys)."""
-    for module in (_layout, _deleting, _writing):
+    for module in (_layout, _deleting):
         monkeypatch.setattr(module, "PAGE", 50)
     state = State("t", id="tiny")
     for n in range(159):
