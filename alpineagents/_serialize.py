@@ -30,6 +30,7 @@ from typing import Any, Final, cast, get_args
 import pydantic_core
 from pydantic import BaseModel
 
+from alpineagents._gc import paused
 from alpineagents.errors import CorruptStateError, NotJSONError, SchemaVersionError
 from alpineagents.history import (
     KINDS,
@@ -321,7 +322,8 @@ def state_from_record(
     values = _snapshot_values(snapshot, state_id, owner)
     covered = values["entries"]
 
-    history = [entry_from_dict(raw, owner, i) for i, raw in enumerate(entries)]
+    with paused():  # many objects at once, none garbage (see alpineagents._gc)
+        history = [entry_from_dict(raw, owner, i) for i, raw in enumerate(entries)]
     # Entries read in seq order with none missing (as FileStore reads them) need neither.
     if list(map(_SEQ, history)) != list(range(len(history))):
         history = _in_seq_order(history, covered, owner)

@@ -48,6 +48,7 @@ from typing import Any, BinaryIO, Final
 
 import pydantic_core
 
+from alpineagents._gc import paused
 from alpineagents._serialize import dumps, loads
 from alpineagents.errors import (
     ConcurrentWriteError,
@@ -626,7 +627,15 @@ def _snapshot_bytes(folder: Path) -> bytes | None:
 
 
 def _read_entries(file: BinaryIO, path: Path) -> list[Any]:
-    """Parse the complete lines of an entries file; the part after the last newline is torn."""
+    """Parse the complete lines of an entries file; the part after the last newline is torn.
+
+    The cyclic garbage collector is paused meanwhile (see :mod:`alpineagents._gc`).
+    """
+    with paused():
+        return _parse_file(file, path)
+
+
+def _parse_file(file: BinaryIO, path: Path) -> list[Any]:
     entries: list[Any] = []
     held: list[bytes] = []  # the start of a line that goes on in the next chunk
     while chunk := file.read(_READ_CHUNK):

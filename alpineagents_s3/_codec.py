@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from alpineagents_s3._gc import paused
 from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
 
 __all__ = [
@@ -160,8 +161,12 @@ def check_format(version: Any, known: int, where: str, thing: str, kind: str) ->
 
 
 def loads_segment(body: bytes, where: str, start: int, end: int) -> list[dict[str, Any]]:
-    """The entries ``start`` to ``end - 1`` of a packed segment, checked like entry objects."""
-    segment = _loads_large(body, where)
+    """The entries ``start`` to ``end - 1`` of a packed segment, checked like entry objects.
+
+    The cyclic garbage collector is paused while it parses (see :mod:`alpineagents_s3._gc`).
+    """
+    with paused():
+        segment = _loads_large(body, where)
     if not isinstance(segment, dict) or SEGMENT_FIELD not in segment:
         raise CorruptStateError(f"{where} is not a packed segment of S3Store")
     check_format(segment[SEGMENT_FIELD], SEGMENT_FORMAT, where, "a packed segment", "segment")
