@@ -7,8 +7,9 @@ nor imports boto3 or moto.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -94,3 +95,25 @@ def moto_endpoint(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 def bucket(moto_endpoint: str, moto_bucket: MakeBucket) -> str:
     """A new, empty bucket on moto, which ``s3://{bucket}/...`` URLs reach."""
     return moto_bucket()
+
+
+@pytest.fixture
+def collections() -> Iterator[list[int]]:
+    """The generations collected meanwhile, with thresholds low enough that a load of a few
+    thousand entries would see many collections; the collector as it was after."""
+    seen: list[int] = []
+
+    def count(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            seen.append(info["generation"])
+
+    thresholds, was_on = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    gc.set_threshold(50, 2, 2)
+    gc.callbacks.append(count)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*thresholds)
+        (gc.enable if was_on else gc.disable)()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +20,6 @@ import pytest
 from alpineagents import CorruptStateError, FileStore, _gc, _serialize
 from alpineagents import filestore as filestore_module
 from tests.test_core_perf import big_state
-
-
-@pytest.fixture
-def collections() -> Iterator[list[int]]:
-    """The generations collected meanwhile, with thresholds low enough that a load of a few
-    thousand entries would see many collections; the collector as it was after."""
-    seen: list[int] = []
-
-    def count(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            seen.append(info["generation"])
-
-    thresholds, was_on = gc.get_threshold(), gc.isenabled()
-    gc.enable()
-    gc.set_threshold(50, 2, 2)
-    gc.callbacks.append(count)
-    try:
-        yield seen
-    finally:
-        gc.callbacks.remove(count)
-        gc.set_threshold(*thresholds)
-        (gc.enable if was_on else gc.disable)()
 
 
 def counted(

@@ -13,7 +13,6 @@ import gc
 import json
 import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,28 +22,6 @@ from alpineagents_s3 import CorruptStateError, _codec, _gc
 from alpineagents_s3._codec import dumps, dumps_segment, loads_segment
 from tests.helpers import Mode
 from tests.s3.helpers import Stores, load, pack, run, save
-
-
-@pytest.fixture
-def collections() -> Iterator[list[int]]:
-    """The generations collected meanwhile, with thresholds low enough that a parse of a few
-    thousand dicts would see many collections; the collector as it was after."""
-    seen: list[int] = []
-
-    def count(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            seen.append(info["generation"])
-
-    thresholds, was_on = gc.get_threshold(), gc.isenabled()
-    gc.enable()
-    gc.set_threshold(50, 2, 2)
-    gc.callbacks.append(count)
-    try:
-        yield seen
-    finally:
-        gc.callbacks.remove(count)
-        gc.set_threshold(*thresholds)
-        (gc.enable if was_on else gc.disable)()
 
 
 def segment_body(entries: int) -> bytes:
