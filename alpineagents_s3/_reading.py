@@ -13,7 +13,7 @@ again, segments included, and one that stays shorter means entry objects were de
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -46,7 +46,7 @@ from alpineagents_s3._segments import (
 from alpineagents_s3._steps import Call, Outcome, Response, Steps, error_code
 from alpineagents_s3._timestamps import as_datetime
 from alpineagents_s3._translate import NOT_FOUND_CODES
-from alpineagents_s3._versions import Effective, Ledger, Version, unbroken_run
+from alpineagents_s3._versions import Effective, Ledger, Version
 from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
 
 logger = logging.getLogger("alpineagents_s3")
@@ -85,6 +85,65 @@ class Fetched(NamedTuple):
     writer: str | None = None
     pending: bool = False
     change: str | None = None
+
+
+class Entries(Mapping[int, Fetched]):
+    """The entries a read found, by seq: the run from seq 0 read from packed segments, then others.
+
+    The run from segments is kept as the segments' parse gave it, a list, and an entry of it
+    is a :class:`Fetched` (with no base or writer: it is final) only when asked for by seq: a
+    load of 10,000 packed entries makes no object for each, nor a dict of them, which the
+    garbage collector would then walk. The others are entries read from their own objects,
+    and from segments read after the run was listed again.
+    """
+
+    __slots__ = ("others", "packed")
+
+    def __init__(self, packed: list[dict[str, Any]]) -> None:
+        self.packed = packed
+        self.others: dict[int, Fetched] = {}
+
+    def __getitem__(self, seq: int) -> Fetched:
+        if 0 <= seq < len(self.packed):
+            return Fetched(self.packed[seq], None)
+        return self.others[seq]
+
+    def __contains__(self, seq: object) -> bool:
+        if type(seq) is int and 0 <= seq < len(self.packed):
+            return True
+        return seq in self.others
+
+    def __iter__(self) -> Iterator[int]:
+        yield from range(len(self.packed))
+        yield from (seq for seq in self.others if not 0 <= seq < len(self.packed))
+
+    def __len__(self) -> int:
+        beyond = sum(1 for seq in self.others if not 0 <= seq < len(self.packed))
+        return len(self.packed) + beyond
+
+    def __setitem__(self, seq: int, fetched: Fetched) -> None:
+        """Keep ``fetched`` at ``seq``; the packed run's entry stays the one read there."""
+        self.others[seq] = fetched
+
+    def setdefault(self, seq: int, fetched: Fetched) -> Fetched:
+        """The entry at ``seq``, after keeping ``fetched`` there if there was none."""
+        if seq in self:
+            return self[seq]
+        self.others[seq] = fetched
+        return fetched
+
+    def run(self) -> int:
+        """How many entries from seq 0 on were found without a hole."""
+        seq = len(self.packed)
+        while seq in self.others:
+            seq += 1
+        return seq
+
+    def run_of(self, end: int) -> list[dict[str, Any]]:
+        """The entries of seqs 0 to ``end - 1`` (found: ``end`` is at most :meth:`run`)."""
+        if end <= len(self.packed):
+            return self.packed[:end]
+        return [*self.packed, *(self.others[seq].entry for seq in range(len(self.packed), end))]
 
 
 @dataclass(frozen=True)
@@ -137,7 +196,7 @@ class Gathered:
     """
 
     stored: StoredSnapshot
-    entries: dict[int, Fetched]
+    entries: Entries
     listed: dict[int, tuple[str, str]]
     segments: list[Segment]
     run: int
@@ -205,7 +264,7 @@ def read_gathered(
         ledger.versions[state_id] = held
     ledger.remember(state_id, held, version, gap, orphans)
     logger.debug("read %s: %d entries", layout.url(layout.snapshot_key(state_id)), gap)
-    history = [entries[seq].entry for seq in range(gap)]
+    history = entries.run_of(gap)
     snapshot = stored.snapshot
     where = layout.url(layout.snapshot_key(state_id))
     if snapshot is not None and _refs.has_context(snapshot):
@@ -260,7 +319,7 @@ def gather(
     """
     prefix = layout.entries_prefix(state_id)
     snap_key = layout.snapshot_key(state_id)
-    packed: dict[int, dict[str, Any]] = {}
+    packed: list[dict[str, Any]] = []  # entries from seq 0 on, from segments
     early: dict[int, Fetched] = {}
     asked = False
     damaged: str | None = None
@@ -290,7 +349,7 @@ def gather(
         if generation != warm.known.generation or (covered or 0) < warm.known.count:
             # Deleted and created again since: what the chain holds is another State's.
             return (yield from gather(layout, state_id, again))
-        reach = take_segments(layout, warm.known.segments, warm.segments, packed)
+        reach = take_segments(layout, warm.known.segments, warm.segments, packed, 0)
         _prefetched(layout, state_id, generation, warm.tail, warm.tail_outcomes, early)
         asked = True
         start = reach.end
@@ -319,7 +378,7 @@ def gather(
             asked = True
             tail = range(picked[-1].end, min(covered or 0, picked[-1].end + PREFETCH))
             extra += [layout.get(layout.entry_key(state_id, generation, seq)) for seq in tail]
-        reach, others = yield from read_chain(layout, picked, packed, extra)
+        reach, others = yield from read_chain(layout, picked, packed, 0, extra)
         if listing:
             page = others[0]
         _prefetched(layout, state_id, generation, tail, others[listing:], early)
@@ -330,7 +389,7 @@ def gather(
         # A later pack merged a segment into a bigger one (and removed it): list them again.
         (packed_page,) = yield from layout.send([layout.list_page(layout.packed_prefix(state_id))])
         segments = yield from _listed_segments(layout, state_id, generation, packed_page)
-    entries = {seq: Fetched(entry, None) for seq, entry in packed.items()}
+    entries = Entries(packed)
     del packed
     for seq, found_early in early.items():
         entries.setdefault(seq, found_early)
@@ -346,7 +405,7 @@ def gather(
     # A writer may have added entries between our listing and our snapshot GET, and a pack
     # may have removed entry objects it packed since we listed segments.
     for _ in range(RELISTS):
-        gap = unbroken_run(entries)
+        gap = entries.run()
         if covered is None or gap >= covered:
             break
         skip = {"StartAfter": layout.entry_key(state_id, generation, gap - 1)} if gap else {}
@@ -356,17 +415,15 @@ def gather(
         segments = yield from _listed_segments(layout, state_id, generation, packed_page)
         picked = [s for s in chain(segments, covered) if s.end > gap]
         if picked:
-            more: dict[int, dict[str, Any]] = {}
-            reach, _ = yield from read_chain(layout, picked, more)
+            more: list[dict[str, Any]] = []
+            reach, _ = yield from read_chain(layout, picked, more, picked[0].start)
             damaged = damaged or reach.damaged
             if picked[0].start <= start:
                 start = max(start, reach.end)
-            for seq, entry in more.items():
+            for seq, entry in enumerate(more, picked[0].start):
                 entries.setdefault(seq, Fetched(entry, None))
-        yield from scan(
-            layout, state_id, generation, page, listed, entries, start=unbroken_run(entries)
-        )
-    gap = unbroken_run(entries)
+        yield from scan(layout, state_id, generation, page, listed, entries, start=entries.run())
+    gap = entries.run()
     if covered is not None and gap < covered and again:
         # A save and a pack (remove_entries) since our snapshot GET: the segment reaches
         # beyond the count we read, and the entries we listed are gone. Read the State again.
@@ -465,7 +522,7 @@ def _prefetched(
             continue
 
 
-def committed(entries: dict[int, Fetched], count: int, run: int) -> int:
+def committed(entries: Mapping[int, Fetched], count: int, run: int) -> int:
     """How many entries from seq 0 on are the State's, under a layout 3 snapshot.
 
     The ``count`` the snapshot accounts for, then the entries committed alone after it (each
@@ -497,7 +554,7 @@ def changed_snapshot(
     layout: Layout,
     state_id: str,
     stored: StoredSnapshot,
-    entries: dict[int, Fetched],
+    entries: Mapping[int, Fetched],
     gap: int,
     snapshot: dict[str, Any] | None,
 ) -> dict[str, Any] | None:
@@ -528,7 +585,7 @@ def _listed_segments(
 
 
 def _vouched(
-    entries: dict[int, Fetched],
+    entries: Mapping[int, Fetched],
     count: int,
     etag: str,
     run: int,
@@ -577,7 +634,7 @@ def scan(
     generation: str,
     page: Outcome,
     listed: dict[int, tuple[str, str]],
-    into: dict[int, Fetched] | None = None,
+    into: Entries | None = None,
     *,
     after: str | None = None,
     start: int = 0,

@@ -124,16 +124,19 @@ def chain(segments: Sequence[Segment], limit: int | None) -> list[Segment]:
 def read_chain(
     layout: Layout,
     picked: Sequence[Segment],
-    into: dict[int, dict[str, Any]],
+    into: list[dict[str, Any]],
+    base: int,
     extra: Sequence[Call] = (),
 ) -> Steps[tuple[Reach, list[Outcome]]]:
     """GET the segments ``picked`` (then the calls ``extra``, in the same round) into ``into``.
 
-    Returns how far from ``picked[0].start`` the entries were read, and the outcomes of
-    ``extra``. A segment not found or damaged ends the reach there; any other failure raises.
+    ``into`` holds the entries from seq ``base`` on, in a row; those of the segments are added
+    after them (see :func:`take_segments`). Returns how far the entries were read, and the
+    outcomes of ``extra``. A segment not found or damaged ends the reach there; any other
+    failure raises.
     """
     outcomes = yield from layout.send([*segment_gets(layout, picked), *extra])
-    reach = take_segments(layout, picked, outcomes, into)
+    reach = take_segments(layout, picked, outcomes, into, base)
     return reach, outcomes[len(picked) :]
 
 
@@ -149,15 +152,21 @@ def take_segments(
     layout: Layout,
     picked: Sequence[Segment],
     outcomes: list[Outcome],
-    into: dict[int, dict[str, Any]],
+    into: list[dict[str, Any]],
+    base: int,
 ) -> Reach:
     """The entries of the segment GETs' ``outcomes`` (the first ``len(picked)``) into ``into``.
 
-    How far from ``picked[0].start`` the entries were read: a segment not found or damaged
-    ends the reach there; any other failure raises.
+    ``into`` holds the entries from seq ``base`` on, in a row, and each segment's entries
+    after those are added to it (segments of a chain may overlap). A list, not a dict by seq:
+    a load of 10,000 packed entries adds them with a few slices. Returns how far the entries
+    were read: a segment not found or damaged ends the reach there, and so does one that would
+    leave a hole (``picked`` is not a chain from there); any other failure raises.
     """
-    reach = Reach(picked[0].start if picked else 0)
+    reach = Reach(base + len(into))
     for i, segment in enumerate(picked):
+        if segment.start > reach.end:
+            break
         outcome, outcomes[i] = outcomes[i], {}  # the entries are not kept twice
         if isinstance(outcome, Exception):
             if error_code(outcome) in NOT_FOUND_CODES:
@@ -173,9 +182,9 @@ def take_segments(
             logger.warning("%s; reading its entries from their own objects instead", entries)
             reach.damaged = str(entries)
             break
-        for seq, entry in enumerate(entries, segment.start):
-            into[seq] = entry
-        reach.end = segment.end
+        if segment.end > reach.end:
+            into += entries[reach.end - segment.start :]
+            reach.end = segment.end
     return reach
 
 
