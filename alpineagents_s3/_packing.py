@@ -6,8 +6,9 @@ contradicts the entry objects it covers, even while the State is being run. A se
 written once, with ``If-None-Match: *``; its key names the range it holds.
 
 Sizes stay few and large. The entries not yet packed become new segments of about
-:data:`SEGMENT_MAX` each, which also take in the segments at the end of the chain that are
-smaller than that and no larger than the new entries (or any, while those are under
+:data:`SEGMENT_MAX` each (a quarter of them each when they are more than four times that, see
+:func:`cut`). These take in the segments at the end of the chain that are smaller than
+``SEGMENT_MAX`` and no larger than the new entries (or any, while those are under
 :data:`SEGMENT_MIN`): like carries in a binary counter, a State packed again and again keeps a
 few segments under ``SEGMENT_MAX`` besides its full ones, each of at least 128 KiB but the one
 segment of a small State. A pack as loads go (``auto_pack``) never takes in a full segment
@@ -51,9 +52,18 @@ logger = logging.getLogger("alpineagents_s3")
 
 # S3 lifecycle rules by default do not transition objects smaller than this.
 SEGMENT_MIN: Final = 128 * 1024
-# A segment is cut once it holds this much: a load then fetches several at once, and holds the
-# bytes of one while it parses it; a pack as loads go never rewrites a segment this large.
+# A segment is cut once it holds this much (or more, below): a load then fetches several at
+# once, and holds the bytes of one while it parses it; a pack as loads go never rewrites a
+# segment this large.
 SEGMENT_MAX: Final = 1024 * 1024
+# A pack that writes more than this many times SEGMENT_MAX at once cuts it into this many
+# segments, each up to SEGMENT_LARGEST: every GET costs the client ~2 ms of CPU (botocore) and
+# makes objects that start the garbage collector while the entries parsed before are young,
+# so a load of 10,000 packed entries (14 MB) took ~98 ms in 15 GETs and ~83 ms in 4, through
+# the bench's proxy; four still arrive at once, and none is larger than S3 suggests for one
+# ranged GET of a large object.
+SEGMENTS_AT_ONCE: Final = 4
+SEGMENT_LARGEST: Final = 8 * 1024 * 1024
 # How often a pack reads a damaged segment it writes again, if another pack replaces it first.
 SEGMENT_TRIES: Final = 3
 
@@ -242,13 +252,18 @@ def cut(first: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
     """Ranges ``(start, end)`` of entries ``first`` on, of about :data:`SEGMENT_MAX` bytes each.
 
     ``sizes`` are the entries' sizes in bytes. A range ends once it holds ``SEGMENT_MAX`` bytes
-    or more; a last range under :data:`SEGMENT_MIN` joins the one before it.
+    or more; a last range under :data:`SEGMENT_MIN` joins the one before it. When the entries
+    hold more than :data:`SEGMENTS_AT_ONCE` times that, a range ends at a
+    ``SEGMENTS_AT_ONCE``-th of them instead (up to :data:`SEGMENT_LARGEST`): that many ranges,
+    more only beyond ``SEGMENTS_AT_ONCE`` times ``SEGMENT_LARGEST``.
     """
+    total = sum(sizes)
+    target = min(max(SEGMENT_MAX, -(-total // SEGMENTS_AT_ONCE)), SEGMENT_LARGEST)
     ranges: list[tuple[int, int]] = []
     start, held = first, 0
     for seq, size in enumerate(sizes, first):
         held += size
-        if held >= SEGMENT_MAX:
+        if held >= target:
             ranges.append((start, seq + 1))
             start, held = seq + 1, 0
     end = first + len(sizes)

@@ -196,6 +196,7 @@ async def test_a_load_does_not_hold_every_segments_bytes_at_once(
     """A State of 7 segments: while one is parsed, at most one other's bytes may wait."""
     monkeypatch.setattr(_packing, "SEGMENT_MIN", SMALL_MIN)
     monkeypatch.setattr(_packing, "SEGMENT_MAX", 2 * SMALL_MIN)
+    monkeypatch.setattr(_packing, "SEGMENTS_AT_ONCE", 8)  # cut at SEGMENT_MAX, not in four
     state = State("memory", id="memory")
     run(state, 90)
     await save(stores.new(), mode, state)
