@@ -29,6 +29,7 @@ from botocore.loaders import Loader
 from alpineagents_s3._endpoints import cache_endpoints
 from alpineagents_s3._timestamps import fast_timestamps
 from alpineagents_s3._tls import session_class, share_sync_tls
+from alpineagents_s3._useragent import cache_user_agent
 
 # Used unless AWS_RETRY_MODE / AWS_MAX_ATTEMPTS or the profile's config say otherwise.
 DEFAULT_RETRIES: Final = {"mode": "standard", "total_max_attempts": 5}
@@ -151,6 +152,7 @@ class Clients:
         """Prepare a client just opened: timestamps, endpoints, event hooks; then tell the store."""
         fast_timestamps(client)
         cache_endpoints(client)
+        cache_user_agent(client)
         for event, handler in self.event_hooks.items():
             client.meta.events.register(event, handler)
         self.on_open(client)
