@@ -89,7 +89,11 @@ class S3Store(Store):
             opened in a new event loop does not load the CA bundle again; it checks host
             names, as the sync clients do.
         max_concurrency: At most this many requests at once per operation (entry PUTs of one
-            save, entry GETs of one load, snapshot GETs of one list).
+            save, entry GETs of one load, snapshot GETs of one list). 32 by default: a first
+            load's second round of a State packed as loads go (``auto_pack=16``) sends up to
+            18 requests, and a warm load's first round up to 36 (the segments, 32 entries,
+            the snapshot and two listings); those over the limit wait for one to finish, a
+            round trip more.
         server_side_encryption: ``"AES256"`` (SSE-S3), ``"aws:kms"`` or ``"aws:kms:dsse"``,
             sent with every PUT.
         sse_kms_key_id: The KMS key for SSE-KMS, sent with every PUT (implies ``"aws:kms"``).
@@ -115,7 +119,7 @@ class S3Store(Store):
         session: boto3.Session | None = None,
         aio_session: aioboto3.Session | None = None,
         config: Config | None = None,
-        max_concurrency: int = 16,
+        max_concurrency: int = 32,
         server_side_encryption: str | None = None,
         sse_kms_key_id: str | None = None,
         event_hooks: Mapping[str, EventHook] | None = None,
