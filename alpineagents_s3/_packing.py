@@ -200,13 +200,16 @@ def pack_gathered(
 
         bodies = {seq: entry_body(seq) for seq in range(covered, count)}
         size = sum(map(len, bodies.values()))
+        largest = 0  # of the segments taken in: none is cut smaller again
         while segments and _takes_in(segments[-1], size, full_too):
             merged = segments.pop()
             size += merged.size
+            largest = max(largest, merged.size)
             bodies.update((seq, entry_body(seq)) for seq in range(merged.start, merged.end))
         first = min(bodies)
         new = []
-        for start, end in cut(first, [len(bodies[seq]) for seq in range(first, count)]):
+        sizes = [len(bodies[seq]) for seq in range(first, count)]
+        for start, end in cut(first, sizes, at_least=largest):
             key = layout.segment_key(state_id, generation, start, end)
             new.append(
                 (key, start, end, dumps_segment(start, [bodies[s] for s in range(start, end)]))
@@ -248,17 +251,21 @@ def pack_gathered(
     return Packed(state_id, reach, tuple(written), tuple(doomed))
 
 
-def cut(first: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+def cut(first: int, sizes: Sequence[int], at_least: int = 0) -> list[tuple[int, int]]:
     """Ranges ``(start, end)`` of entries ``first`` on, of about :data:`SEGMENT_MAX` bytes each.
 
     ``sizes`` are the entries' sizes in bytes. A range ends once it holds ``SEGMENT_MAX`` bytes
     or more; a last range under :data:`SEGMENT_MIN` joins the one before it. When the entries
-    hold more than :data:`SEGMENTS_AT_ONCE` times that, a range ends at a
-    ``SEGMENTS_AT_ONCE``-th of them instead (up to :data:`SEGMENT_LARGEST`): that many ranges,
-    more only beyond ``SEGMENTS_AT_ONCE`` times ``SEGMENT_LARGEST``.
+    hold more than :data:`SEGMENTS_AT_ONCE` times that, a range ends once it holds a
+    ``SEGMENTS_AT_ONCE``-th of them instead, and when ``at_least`` is more (the largest segment
+    a pack takes in: a small pack on request that takes in a large segment writes it again
+    as large, not cut up), once it holds that; never later than at :data:`SEGMENT_LARGEST`.
+    So at most that many ranges of entries no larger than a quarter, fewer of larger ones,
+    and more only beyond ``SEGMENTS_AT_ONCE`` times ``SEGMENT_LARGEST``; a range holds up to
+    its target and one entry.
     """
     total = sum(sizes)
-    target = min(max(SEGMENT_MAX, -(-total // SEGMENTS_AT_ONCE)), SEGMENT_LARGEST)
+    target = min(max(SEGMENT_MAX, -(-total // SEGMENTS_AT_ONCE), at_least), SEGMENT_LARGEST)
     ranges: list[tuple[int, int]] = []
     start, held = first, 0
     for seq, size in enumerate(sizes, first):

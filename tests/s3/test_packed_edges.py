@@ -93,14 +93,14 @@ class Listings:
 BOUNDS: ContextVar[tuple[int, ...] | None] = ContextVar("BOUNDS", default=None)
 
 
-def cut_where_told(first: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+def cut_where_told(first: int, sizes: Sequence[int], at_least: int = 0) -> list[tuple[int, int]]:
     """``_packing.cut``, but a new segment starts at each seq of ``BOUNDS`` when it is set.
 
     A context variable, so that packs of several States at once (tasks, or threads started by
     ``asyncio.to_thread``, which copies the context) each cut where their case says."""
     bounds = BOUNDS.get()
     if bounds is None:
-        return ORIGINAL_CUT(first, sizes)
+        return ORIGINAL_CUT(first, sizes, at_least)
     end = first + len(sizes)
     points = [first, *sorted(b for b in bounds if first < b < end), end]
     return list(itertools.pairwise(points))
