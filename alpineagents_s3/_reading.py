@@ -109,7 +109,7 @@ class Entries(Mapping[int, Fetched]):
         return self.others[seq]
 
     def __contains__(self, seq: object) -> bool:
-        if type(seq) is int and 0 <= seq < len(self.packed):
+        if isinstance(seq, int) and 0 <= seq < len(self.packed):
             return True
         return seq in self.others
 
@@ -122,7 +122,13 @@ class Entries(Mapping[int, Fetched]):
         return len(self.packed) + beyond
 
     def __setitem__(self, seq: int, fetched: Fetched) -> None:
-        """Keep ``fetched`` at ``seq``; the packed run's entry stays the one read there."""
+        """Keep ``fetched`` at ``seq``, which must not be one of the packed run's.
+
+        A read fetches an entry object only for a seq it has no entry for (``scan``): one
+        that the run holds is a mistake of the read, not an entry to keep beside it.
+        """
+        if 0 <= seq < len(self.packed):
+            raise ValueError(f"history entry {seq} was read from a packed segment already")
         self.others[seq] = fetched
 
     def setdefault(self, seq: int, fetched: Fetched) -> Fetched:

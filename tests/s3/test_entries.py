@@ -69,9 +69,12 @@ def test_the_packed_run_keeps_its_entry_at_its_seq() -> None:
     late = Fetched(entry(1, "object"), "etag", "writer")
 
     assert found.setdefault(1, late) == Fetched(entry(1), None)
-    found[1] = late  # as a listing's GET would keep it: the packed entry is still the one read
+    with pytest.raises(ValueError, match="history entry 1 was read from a packed segment"):
+        found[1] = late  # a read GETs only the entries it has none for
     assert found[1] == Fetched(entry(1), None)
-    assert found.setdefault(2, late) is late and found.run() == 3
+    found[3] = late  # beyond a hole: kept, not part of the run
+    assert found[3] is late and found.run() == 2
+    assert found.setdefault(2, late) is late and found.run() == 4  # 2 joins the run to 3
     not_seqs: list[object] = ["1", None]
     assert not any(seq in found for seq in not_seqs)
 
