@@ -8,8 +8,12 @@ Python's versions, the platform, the client's config, the session's extra text, 
 except the *features*: those of the client and those the request registered in its context
 (retry mode, checksums, a paginator's). ``cache_user_agent`` gives one client a builder that
 keeps, for each such set of features, the header botocore's own builder made for it: the same
-header, letter for letter. Only a client the store made is changed; its session's other
-clients and a client given with ``client=`` build theirs as botocore does.
+header, but for the order of the features in its ``m/`` part, which botocore writes in the
+order of a Python set (the same set may come out in another order for a request that added
+them in another order; S3 reads them as a set). Only a client the store made is changed; its
+session's other clients and a client given with ``client=`` build theirs as botocore does.
+What the header is built from is read when the client is made, as botocore reads it: a
+change to the client's config after that (which botocore does not expect) is not seen.
 """
 
 from __future__ import annotations

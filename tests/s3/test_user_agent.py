@@ -53,8 +53,17 @@ class Sent:
         header = request.headers["User-Agent"]
         header = header.decode() if isinstance(header, bytes) else header
         # In the request's context (its features), by every builder the store's clients have.
-        expected = {BOTOCORE_BUILD(creator) for creator in set(self.builds.creators)}
-        self.headers.append((request.method, header, expected))
+        expected = {as_set(BOTOCORE_BUILD(creator)) for creator in set(self.builds.creators)}
+        self.headers.append((request.method, as_set(header), expected))
+
+
+def as_set(header: str) -> str:
+    """``header`` with the features of its ``m/`` part in order: botocore writes them in the
+    order of a Python set, which two requests with the same features may not share."""
+    return " ".join(
+        "m/" + ",".join(sorted(part[2:].split(","))) if part.startswith("m/") else part
+        for part in header.split(" ")
+    )
 
 
 @pytest.fixture
