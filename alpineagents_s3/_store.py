@@ -91,9 +91,11 @@ class S3Store(Store):
         max_concurrency: At most this many requests at once per operation (entry PUTs of one
             save, entry GETs of one load, snapshot GETs of one list). 32 by default: a first
             load's second round of a State packed as loads go (``auto_pack=16``) sends up to
-            18 requests, and a warm load's first round up to 36 (the segments, 32 entries,
-            the snapshot and two listings); those over the limit wait for one to finish, a
-            round trip more.
+            18 requests, and a warm load's first round the known segments and up to 35 more
+            (32 entries, the snapshot and two listings); those over the limit wait for one to
+            finish, a round trip more. Never more than the connection pool holds: a
+            ``config`` with a smaller ``max_pool_connections``, or a ``client=`` (botocore's
+            pool is 10 unless its config says otherwise), lowers it to that.
         server_side_encryption: ``"AES256"`` (SSE-S3), ``"aws:kms"`` or ``"aws:kms:dsse"``,
             sent with every PUT.
         sse_kms_key_id: The KMS key for SSE-KMS, sent with every PUT (implies ``"aws:kms"``).
@@ -180,8 +182,12 @@ class S3Store(Store):
             endpoint=endpoint_url or (client.meta.endpoint_url if client else "the S3 endpoint"),
             sse=sse,
         )
-        self._sync = SyncDriver(self._clients.make_sync, max_concurrency, client)
-        self._async = AsyncDriver(self._clients.open_async, max_concurrency, self._clients.prepare)
+        # No more requests at once than the client has connections: urllib3 would open more
+        # (a TLS handshake each) and drop them again, warning that its pool is full.
+        ours = min(max_concurrency, self._clients.pool_size())
+        sync_limit = ours if client is None else min(max_concurrency, _pool_of(client))
+        self._sync = SyncDriver(self._clients.make_sync, sync_limit, client)
+        self._async = AsyncDriver(self._clients.open_async, ours, self._clients.prepare)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Store:
@@ -429,3 +435,9 @@ class S3Store(Store):
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+
+def _pool_of(client: Any) -> int:
+    """The connection pool of a client given to the store (botocore's default: 10)."""
+    config = getattr(getattr(client, "meta", None), "config", None)
+    return int(getattr(config, "max_pool_connections", None) or 10)

@@ -6,8 +6,9 @@ aiobotocore make them load it far more often than once:
 
 * **sync** (botocore on urllib3): every new connection loads the bundle into the client's
   context again, so the first load of a State, whose GETs open up to ``max_concurrency``
-  connections at once, loaded it 16 times: about 0.6 s of CPU on a cold start (and once per
-  request on a server that closes every connection, as moto's does). ``share_sync_tls`` loads
+  connections at once, loaded it 16 times (``max_concurrency`` was 16): about 0.6 s of CPU
+  on a cold start (and once per request on a server that closes every connection, as moto's
+  does). ``share_sync_tls`` loads
   it into the client's context once (again when the file changes) and tells urllib3 it is
   there;
 * **async** (aiobotocore on aiohttp): every client makes a new context and loads the bundle,

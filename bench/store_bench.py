@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import os
 import socket
 import statistics
@@ -259,7 +260,8 @@ def main() -> None:
         print(baseline(endpoint))
         print(
             f"{args.turns} tool-using turns (model response ~{len(MODEL_TEXT)} B of text, "
-            f"tool result ~{len(TOOL_TEXT)} B); S3Store max_concurrency=16\n"
+            f"tool result ~{len(TOOL_TEXT)} B); S3Store max_concurrency="
+            f"{inspect.signature(S3Store).parameters['max_concurrency'].default}\n"
         )
 
         print("== Saves, by kind: S3 requests per save, bytes sent per save, median latency ==")

@@ -15,11 +15,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
 
 from alpineagents import State
 from alpineagents_s3 import S3Store
-from tests.s3.helpers import Stores, run
+from tests.s3.helpers import InFlight, Stores, run
 
 ROUND_1 = 3  # the snapshot, the listing of the segments, the first page of entries
 ROUND_2 = 17  # the segment, the listing after it, the 15 entries since the pack
@@ -104,3 +106,44 @@ def test_a_lower_limit_is_kept(stores: Stores, limit: int) -> None:
     )
     with pytest.raises(Exception, match="BrokenBarrierError"):
         reader.load(state.id)
+
+
+def test_no_more_at_once_than_the_connection_pool_holds(stores: Stores) -> None:
+    """A ``config`` with a smaller pool, or a ``client=`` (botocore's pool: 10), lowers the
+    limit to the pool: more at once would open connections that urllib3 drops again."""
+    state = State("many", id="pool")
+    for n in range(40):
+        state.add_user_message(f"message {n}")  # a load GETs 41 entries
+    stores.new().save(state)
+
+    flight = InFlight()
+    small = stores.new(config=Config(max_pool_connections=4), event_hooks=flight.hooks)
+    assert small.load(state.id).history == state.history
+    assert flight.most <= 4, flight.most
+
+    own = boto3.Session().client("s3", endpoint_url=stores.url)
+    flight = InFlight()
+    for event, hook in flight.hooks.items():
+        own.meta.events.register(event, hook)
+    given = S3Store(stores.bucket, "runs", client=own)
+    try:
+        assert given.load(state.id).history == state.history
+    finally:
+        given.close()
+    assert flight.most <= 10, flight.most
+
+    flight = InFlight()
+    default = stores.new(event_hooks=flight.hooks)
+    assert default.load(state.id).history == state.history
+    assert flight.most > 10, flight.most  # the default pool holds 32
+
+
+async def test_no_more_at_once_than_the_pool_holds_async(stores: Stores) -> None:
+    state = State("many", id="pool-async")
+    for n in range(40):
+        state.add_user_message(f"message {n}")
+    await stores.new().asave(state)
+    flight = InFlight()
+    small = stores.new(config=Config(max_pool_connections=4), event_hooks=flight.hooks)
+    assert (await small.aload(state.id)).history == state.history
+    assert 1 <= flight.most <= 4, flight.most
