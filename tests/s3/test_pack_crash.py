@@ -15,7 +15,9 @@ a save on top of it works, and ``sweep`` finds nothing abandoned.
 
 Cases: a first pack, with entries kept (``pack``), and of a State that makes two segments with
 entries removed (``apack``; two tool results of ~1.1 MB: 5 entries, so the pack makes 13
-requests rather than one GET per entry of ~20 KB); a second pack that merges the small segment
+requests rather than one GET per entry of ~20 KB), and of one over four times
+``SEGMENT_MAX`` (five such results, 11 entries), cut at a quarter into three segments, entries
+removed (``pack``); a second pack that merges the small segment
 of an earlier pack into a new one (a kill lands between "new segment written" and "merged
 segment removed"), with entries removed (``pack``) and kept (``apack``); and a load through
 ``S3Store(auto_pack=1)`` (``load`` and ``aload``), which packs what it read, killed at any of
@@ -64,6 +66,8 @@ class Case:
         mode: ``pack`` (sync) or ``apack`` (async), in the killed process.
         merge: The State was packed before (a small segment), then saved on: the pack merges.
         large: The State is ~2.2 MB: the pack writes two segments (else one, of ~5 KB).
+        huge: The State is ~5.3 MB, more than four times ``SEGMENT_MAX``: the pack cuts it
+            at a quarter (two ~1.1 MB tool results a segment), three segments, not five.
         on_load: The pack of a load through ``S3Store(auto_pack=1)`` (entries kept).
     """
 
@@ -71,12 +75,18 @@ class Case:
     mode: Mode
     merge: bool
     large: bool = False
+    huge: bool = False
     on_load: bool = False
+
+    @property
+    def segments(self) -> int:
+        """How many segments the pack writes."""
+        return 3 if self.huge else 2 if self.large else 1
 
     @property
     def name(self) -> str:
         kept = "removed" if self.remove_entries else "kept"
-        size = "-large" if self.large else ""
+        size = "-huge" if self.huge else "-large" if self.large else ""
         how = "on-load-" if self.on_load else ""
         return f"{how}{'merge' if self.merge else 'first'}{size}-{kept}-{self.mode}"
 
@@ -84,6 +94,7 @@ class Case:
 CASES = [
     Case(remove_entries=False, mode="sync", merge=False),
     Case(remove_entries=True, mode="async", merge=False, large=True),
+    Case(remove_entries=True, mode="sync", merge=False, huge=True),
     Case(remove_entries=True, mode="sync", merge=True),
     Case(remove_entries=False, mode="async", merge=True),
     Case(remove_entries=False, mode="sync", merge=False, on_load=True),
@@ -144,7 +155,9 @@ def packer(moto_url: str) -> Iterator[Packer]:
 def prepare(store: S3Store, state_id: str, case: Case) -> State:
     """Save the State the pack starts from (packed once already, for a merge)."""
     state = State(f"pack {case.name}", id=state_id, data={"case": case.name})
-    if case.large:
+    if case.huge:
+        run(state, 5, result=BIG)  # 11 entries, ~5.3 MB: three segments
+    elif case.large:
         run(state, 2, result=BIG)  # 5 entries, ~2.2 MB: two segments
     elif case.merge:
         run(state, 1)  # 3 entries, ~2 KB: one small segment
@@ -228,7 +241,7 @@ def test_a_pack_killed_at_any_request_leaves_the_state_as_it_was(
     reader = S3Store(bucket, case.name, endpoint_url=moto_url, session=session)
     with store, reader:
         # The pack not killed: how many requests it makes, and which.
-        prepare(store, "counted", case)
+        entries = len(prepare(store, "counted", case).history)
         done = packer.pack(store, "counted", case)
         assert done["exit"] == 0 and "error" not in done, done
         if case.on_load:
@@ -236,11 +249,11 @@ def test_a_pack_killed_at_any_request_leaves_the_state_as_it_was(
             segments = [o.key for o in store.objects("counted") if o.kind == "segment"]
             assert [segment_range(key) for key in segments] == [(0, 5)], segments
         else:
-            assert done["packed"]["covered"] == 5, done
+            assert done["packed"]["covered"] == entries, done
         operations = [op for op, _ in done["before"]]
         # No retries: one answer came back per request sent.
         assert Counter(op for op, _ in done["after"]) == Counter(operations), done
-        assert operations.count("PutObject") == (2 if case.large else 1), operations
+        assert operations.count("PutObject") == case.segments, operations
         assert "HeadObject" in operations, operations
         assert ("DeleteObjects" in operations) == (case.merge or case.remove_entries)
         store.delete("counted")
