@@ -14,13 +14,13 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 from alpineagents import Agent, FileStore, SavedState, State, Store
-from alpineagents.history import MODEL, TOOL_RESULT
+from alpineagents.history import MODEL, TOOL_RESULT, ModelData
 from alpineagents.model import ModelRequest
 from alpineagents.store import Record
 from alpineagents.testing import FunctionModel, TestModel
@@ -124,6 +124,49 @@ async def run(mode: Mode, agent: Agent, state: State) -> Any:
 
 
 # Models ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def paused_in_a_thread(
+    paused: Callable[[], AbstractContextManager[None]],
+) -> Iterator[Callable[[], None]]:
+    """Hold ``with paused():`` (a garbage-collector pause) in another thread while the block
+    runs. Yields the call that ends it there (and waits for that thread); the block's end
+    calls it too."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with paused():
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+
+    def release() -> None:
+        leave.set()
+        thread.join(10)
+
+    try:
+        assert inside.wait(10)
+        yield release
+    finally:
+        release()
+
+
+def big_state(n: int, reply: str = "Let me look that up. " * 4) -> State:
+    """A State of ``n`` entries (odd): model responses with a tool call, and their results."""
+    state = State("many steps", id="big")
+    while len(state.history) < n:
+        k = len(state.history)
+        if k % 2:
+            tool_call = {"type": "tool_call", "id": f"c{k}", "name": "lookup", "input": {"q": k}}
+            data = ModelData([{"type": "text", "text": reply}, tool_call], "tool_use").to_data()
+            state.append(MODEL, reply, data)
+        else:
+            result = {"call_id": f"c{k - 1}", "name": "lookup"}
+            state.append(TOOL_RESULT, "row,value\n" * 40, result)
+    return state
 
 
 def script(*replies: Any) -> FunctionModel:

@@ -34,6 +34,7 @@ from alpineagents.errors import SchemaVersionError
 from alpineagents.history import MODEL, TOOL_RESULT, ModelData
 from alpineagents.store import SCHEMA_VERSION
 from alpineagents.testing import FunctionModel, call
+from tests.helpers import big_state
 
 REPLY = "Let me look that up. " * 4
 
@@ -184,21 +185,6 @@ def test_a_model_entry_without_text_is_checked_like_one_with_it(tmp_path: Path) 
 
 
 # Loading ---------------------------------------------------------------------------------
-
-
-def big_state(n: int) -> State:
-    """A State of ``n`` entries (odd): model responses with a tool call, and their results."""
-    state = State("many steps", id="big")
-    while len(state.history) < n:
-        k = len(state.history)
-        if k % 2:
-            tool_call = {"type": "tool_call", "id": f"c{k}", "name": "lookup", "input": {"q": k}}
-            data = ModelData([{"type": "text", "text": REPLY}, tool_call], "tool_use").to_data()
-            state.append(MODEL, REPLY, data)
-        else:
-            result = {"call_id": f"c{k - 1}", "name": "lookup"}
-            state.append(TOOL_RESULT, "row,value\n" * 40, result)
-    return state
 
 
 @pytest.mark.parametrize("compact", [True, False])

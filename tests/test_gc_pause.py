@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 
 from alpineagents import CorruptStateError, FileStore, _gc, _serialize
 from alpineagents import filestore as filestore_module
-from tests.test_core_perf import big_state
+from tests.helpers import big_state, paused_in_a_thread
 
 
 def counted(
@@ -98,17 +97,7 @@ def test_a_collector_turned_off_stays_off_after_a_load(tmp_path: Path) -> None:
 
 
 def test_two_pauses_at_once_leave_the_collector_running() -> None:
-    inside, leave = threading.Event(), threading.Event()
-
-    def other() -> None:
-        with _gc.paused():
-            inside.set()
-            leave.wait(10)
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    assert inside.wait(10)
-    with _gc.paused():  # begins with the collector off: leaves it as it finds it at the end
-        leave.set()
-        thread.join(10)
+    with paused_in_a_thread(_gc.paused) as release:
+        with _gc.paused():  # begins with the collector off: leaves it as it finds it at the end
+            release()
     assert gc.isenabled()

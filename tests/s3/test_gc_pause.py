@@ -20,7 +20,7 @@ import pytest
 from alpineagents import State
 from alpineagents_s3 import CorruptStateError, _codec, _gc
 from alpineagents_s3._codec import dumps, dumps_segment, loads_segment
-from tests.helpers import Mode
+from tests.helpers import Mode, paused_in_a_thread
 from tests.s3.helpers import Stores, load, pack, run, save
 
 
@@ -112,17 +112,7 @@ def test_two_pauses_in_two_threads_resume_once_both_ended(first_to_end: str) -> 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="a platform that does not fork")
 def test_a_child_forked_during_a_parse_has_the_collector_running() -> None:
-    inside, leave = threading.Event(), threading.Event()
-
-    def parse() -> None:
-        with _gc.paused():
-            inside.set()
-            leave.wait(10)
-
-    thread = threading.Thread(target=parse)
-    thread.start()
-    try:
-        assert inside.wait(10)
+    with paused_in_a_thread(_gc.paused):
         assert not gc.isenabled()
         pid = os.fork()
         if pid == 0:  # the child: no thread is parsing here
@@ -134,9 +124,6 @@ def test_a_child_forked_during_a_parse_has_the_collector_running() -> None:
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status)
         assert os.WEXITSTATUS(status) == 0
-    finally:
-        leave.set()
-        thread.join(10)
     assert gc.isenabled()
 
 
