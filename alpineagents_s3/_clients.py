@@ -180,18 +180,18 @@ class Clients:
         config = self._merged_config()
         return int(getattr(config, "max_pool_connections", None) or 10)
 
-    def _merged_config(self, defaults: Mapping[str, Any] | None = None) -> Config:
-        """The store's defaults (``defaults``, or the pool alone) with ``config`` over them."""
-        config = Config(**(defaults or {"max_pool_connections": max(10, self.max_concurrency)}))
+    def _merged_config(self, **defaults: Any) -> Config:
+        """The store's defaults (the pool, and ``defaults``) with ``config`` over them."""
+        config = Config(max_pool_connections=max(10, self.max_concurrency), **defaults)
         if self.config is not None:
             config = config.merge(self.config)
         return config
 
     def _client_kwargs(self, session: Any) -> dict[str, Any]:
-        defaults: dict[str, Any] = {"max_pool_connections": max(10, self.max_concurrency)}
+        retries = {}
         if not _retries_configured(botocore_session(session)):
-            defaults["retries"] = dict(DEFAULT_RETRIES)
-        config = self._merged_config(defaults)
+            retries["retries"] = dict(DEFAULT_RETRIES)
+        config = self._merged_config(**retries)
         return {
             "endpoint_url": self.endpoint_url,
             "region_name": self.region_name,

@@ -115,11 +115,14 @@ class Entries(Mapping[int, Fetched]):
 
     def __iter__(self) -> Iterator[int]:
         yield from range(len(self.packed))
-        yield from (seq for seq in self.others if not 0 <= seq < len(self.packed))
+        yield from self._beyond()
 
     def __len__(self) -> int:
-        beyond = sum(1 for seq in self.others if not 0 <= seq < len(self.packed))
-        return len(self.packed) + beyond
+        return len(self.packed) + sum(1 for _ in self._beyond())
+
+    def _beyond(self) -> Iterator[int]:
+        """The seqs of ``others`` outside the packed run."""
+        return (seq for seq in self.others if not 0 <= seq < len(self.packed))
 
     def __setitem__(self, seq: int, fetched: Fetched) -> None:
         """Keep ``fetched`` at ``seq``, which must not be one of the packed run's.
