@@ -19,7 +19,6 @@ from functools import partial
 from typing import Any
 
 from alpineagents_s3._codec import loads_segment
-from alpineagents_s3._gc import hold
 from alpineagents_s3._layout import Layout
 from alpineagents_s3._steps import Call, Outcome, Steps, error_code
 from alpineagents_s3._translate import NOT_FOUND_CODES
@@ -142,12 +141,7 @@ def read_chain(
 
 
 def segment_gets(layout: Layout, picked: Sequence[Segment]) -> list[Call]:
-    """The GETs of the segments ``picked``, each parsed as its body arrives.
-
-    In a load, the collector is paused from here until the load ends (:func:`hold`).
-    """
-    if picked:
-        hold()
+    """The GETs of the segments ``picked``, each parsed as its body arrives."""
     return [
         replace(layout.get(s.key), then=partial(_parse, layout.url(s.key), s.start, s.end))
         for s in picked

@@ -15,7 +15,6 @@ from alpineagents_s3._async import AsyncDriver
 from alpineagents_s3._clients import Clients, endpoint_identity
 from alpineagents_s3._contract import Record, Store, Summary
 from alpineagents_s3._deleting import delete
-from alpineagents_s3._gc import holding
 from alpineagents_s3._layout import Layout
 from alpineagents_s3._packing import Packed, pack, read_and_pack
 from alpineagents_s3._reading import StoredObject, list_states, objects, read
@@ -260,26 +259,17 @@ class S3Store(Store):
         return self._sync.run(self._reading(state_id))
 
     def load(self, state_id: str) -> Any:
-        """The core's ``load``; an error of the core about what is stored names where it is.
-
-        From the GETs of packed segments on, the cyclic garbage collector is paused until the
-        State is rebuilt (see ``alpineagents_s3._gc``).
-        """
+        """The core's ``load``; an error of the core about what is stored names where it is."""
         try:
-            with holding():
-                return super().load(state_id)
+            return super().load(state_id)
         except Exception as e:
             self._note_where(e, state_id)
             raise
 
     async def aload(self, state_id: str) -> Any:
-        """The core's ``aload``; an error of the core about what is stored names where it is.
-
-        The collector is paused as in :meth:`load`.
-        """
+        """The core's ``aload``; an error of the core about what is stored names where it is."""
         try:
-            with holding():
-                return await super().aload(state_id)
+            return await super().aload(state_id)
         except Exception as e:
             self._note_where(e, state_id)
             raise

@@ -13,9 +13,7 @@ Each load is timed through the proxy after one that fills its memory. For each S
 script prints the wall time and the client CPU of a load, and the CPU spent on the way: the
 read (``S3Store.read``, every thread), of which the segment bodies' parse (``loads_segment``
 in the drivers' threads, of which the JSON parser), the rebuild of the State
-(``Store._loaded``, of which ``state_from_record``) and what is left. ``--first-load``
-makes each load the first of the State by its store object (as the table's "first load"
-rows), ``--parse-after``
+(``Store._loaded``, of which ``state_from_record``) and what is left. ``--parse-after``
 parses the segments in the loading thread once all have arrived, to compare, and
 ``--botocore-timestamps`` leaves the store's clients botocore's timestamp parser (see
 ``alpineagents_s3._timestamps``), ``--botocore-endpoints`` botocore's endpoint resolution
@@ -147,11 +145,6 @@ def main() -> None:
         help="load a third State, never packed: one GET an entry",
     )
     parser.add_argument(
-        "--first-load",
-        action="store_true",
-        help="each load as the first of the State by the store object (its chain forgotten)",
-    )
-    parser.add_argument(
         "--botocore-endpoints",
         action="store_true",
         help="the store's clients resolve each key's endpoint as botocore does (no cache hit)",
@@ -191,8 +184,7 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
     store.get("warm-up")
     phases = Phases()
     for state_id in names:
-        loading = partial(table.first_load if args.first_load else S3Store.load, store, state_id)
-        loaded = loading()  # fills the proxy's memory
+        loaded = store.load(state_id)  # fills the proxy's memory
         # (A load may add one: the result of a tool call the saved history ends with.)
         if len(loaded.history) < args.n:
             raise SystemExit(f"{state_id!r} loaded {len(loaded.history)} entries, not {args.n}")
@@ -208,7 +200,7 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
         ):
             for _ in range(args.repeat):
                 began, cpu = time.perf_counter(), time.process_time()
-                loading()
+                store.load(state_id)
                 walls.append(time.perf_counter() - began)
                 cpus.append(time.process_time() - cpu)
         print(
@@ -236,7 +228,7 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
         if args.profile:
             profile = cProfile.Profile(time.process_time)
             profile.enable()
-            loading()
+            store.load(state_id)
             profile.disable()
             out = io.StringIO()
             pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)

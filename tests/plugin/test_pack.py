@@ -11,7 +11,6 @@ core's Agent (the children of test_agent_e2e.py, ``children/agent_run.py``).
 from __future__ import annotations
 
 import asyncio
-import gc
 import inspect
 import json
 import os
@@ -217,46 +216,6 @@ def test_a_state_the_core_saved_loads_the_same_packed_and_saves_on(
     repacked = pack(make_store(), mode, "core", remove_entries)
     assert repacked.covered == len(loaded.history)
     assert call(make_store(), mode, "load", "core").history == loaded.history
-
-
-def test_the_core_rebuilds_a_packed_state_with_the_collector_paused(
-    make_store: MakeStore, mode: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A load holds the collector's pause from its segment GETs through the installed core's
-    rebuild (``alpineagents_s3._gc``): it is off when ``read`` returns to the core's ``load``,
-    and on after the load, and after a ``read`` outside a load."""
-    store = make_store()
-    saved_by_the_core(make_store, store, mode, "gc", "pause", messages=6, size=200)
-    pack(make_store(), mode, "gc", False)
-    running: list[bool] = []  # whether the collector ran as each read returned
-    if mode == "sync":
-        read = S3Store.read
-
-        def spied(self: S3Store, state_id: str) -> Any:
-            try:
-                return read(self, state_id)
-            finally:
-                running.append(gc.isenabled())
-
-        monkeypatch.setattr(S3Store, "read", spied)
-    else:
-        aread = S3Store.aread
-
-        async def aspied(self: S3Store, state_id: str) -> Any:
-            try:
-                return await aread(self, state_id)
-            finally:
-                running.append(gc.isenabled())
-
-        monkeypatch.setattr(S3Store, "aread", aspied)
-    assert gc.isenabled()
-    loaded = call(make_store(), mode, "load", "gc")
-    assert len(loaded.history) > 6
-    assert running == [False]
-    assert gc.isenabled()
-    call(make_store(), mode, "read", "gc")
-    assert running == [False, True]
-    assert gc.isenabled()
 
 
 def test_a_load_through_an_auto_pack_store_packs_what_the_core_saved(
