@@ -62,6 +62,8 @@ from typing import Any
 
 import boto3
 import botocore.exceptions
+import bound  # bench/bound.py: this script's folder is on sys.path, as for its importers
+from bound import Bound
 
 from alpineagents import FileStore, State
 from alpineagents._serialize import entry_to_dict
@@ -385,6 +387,7 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
     whole_file.write_bytes(whole)
     wall, cpu, _ = timed(lambda: json.loads(whole_file.read_bytes()), bench.repeat, bench.budget)
     rows.append(Row(n, "floor: read + json.loads", "disk", wall, cpu, {}, len(whole)))
+    rows += bench_bound(bench, n, entries)
 
     for variant in variants:
         if not variant.s3:
@@ -428,6 +431,29 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
             rows.append(Row(n, variant.name, via, wall, cpu, counts, read, peak))
 
     rows += bench_peer_size(bench, n)
+    return rows
+
+
+def bench_bound(bench: Bench, n: int, entries: list[dict[str, Any]]) -> list[Row]:
+    """The bound rows of history length ``n`` (see ``bench/bound.py``): proxy, then direct."""
+    raw = bench.session.client("s3", endpoint_url=bench.moto)
+    stored = Bound.put(raw, BUCKET, f"bound/{n}/", entries)
+    raw.close()
+    rows = []
+    for via, url in (("proxy", bench.proxy), ("direct", bench.moto)):
+        client = bench.session.client("s3", endpoint_url=url)
+        loads = Bound(client, BUCKET, f"bound/{n}/", len(stored.keys))
+        for name, load, first in (
+            (bound.FIRST_LOAD, loads.first_load, True),
+            (bound.KNOWN_KEYS, loads.known_load, False),
+        ):
+            if len(load()) != n:  # opens the connections; fills the proxy's memory
+                raise SystemExit(f"{name}: did not load {n} entries")
+            wall, cpu, _ = timed(load, bench.repeat, bench.budget)
+            rows.append(Row(n, name, via, wall, cpu, loads.requests(first), stored.read))
+        loads.close()
+        client.close()
+    stored.close()
     return rows
 
 

@@ -71,6 +71,16 @@ def test_the_table_has_every_store_and_its_figures_hold_together(tmp_path: Path)
             assert sum(row["requests"].values()) >= 1, (store, via)
         # Every store reads at least the history's bytes (as JSON, give or take the framing).
         assert row["read"] >= 0.9 * size, (store, via, row["read"], size)
+    # The bound rows (bench/bound.py): one part at N = 10, its head, and a listing for the
+    # first load's round; through the proxy, as many waits as rounds.
+    for via in ("proxy", "direct"):
+        first = by_key[("bound: 2 rounds, no checks", via)]
+        known = by_key[("bound: 1 round, no checks", via)]
+        assert first["requests"] == {"GET": 2, "LIST": 1}, via
+        assert known["requests"] == {"GET": 2}, via
+        assert first["read"] == known["read"] <= 1.05 * size, (via, known["read"], size)
+    assert by_key[("bound: 2 rounds, no checks", "proxy")]["wall"] >= 2 * DELAY_MS / 1000 * 0.95
+
     floor = by_key[("floor: 1 GET of all", "proxy")]
     assert floor["requests"] == {"GET": 1}
     assert floor["read"] == size
@@ -88,6 +98,22 @@ def test_the_table_has_every_store_and_its_figures_hold_together(tmp_path: Path)
     table = [line for line in printed.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| N | store | via | wall |")
     assert len([line for line in table if line.startswith("| 10 |")]) == len(rows)
+
+
+def test_the_bound_cuts_parts_as_pack_cuts_segments() -> None:
+    """bench/bound.py: one part up to 1 MiB, one per MiB up to 4, four of a quarter beyond."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from bound import PART_BYTES, cut
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    kib = b"x" * 1024
+    for entries, parts in ((1, 1), (1024, 1), (1025, 2), (3 * 1024, 3), (4096, 4), (40_000, 4)):
+        cuts = cut([kib] * entries)
+        assert len(cuts) == parts, (entries, [len(c) for c in cuts])
+        assert [b for c in cuts for b in c] == [kib] * entries  # every body once, in order
+        assert max(sum(map(len, c)) for c in cuts) <= max(PART_BYTES, -(-entries * 1024 // 4))
+    assert cut([]) == [[]]
 
 
 def test_the_proxy_answers_repeated_reads_and_listings_until_a_write(moto_url: str) -> None:
