@@ -19,7 +19,11 @@ parses the segments in the loading thread once all have arrived, to compare, and
 ``alpineagents_s3._timestamps``), ``--botocore-endpoints`` botocore's endpoint resolution
 for each key (see ``alpineagents_s3._endpoints``). Then the client CPU of ``objects()``, a
 listing of every object of the State. With ``--profile``, a cProfile (CPU time, loading
-thread only) of one load follows.
+thread only) of one load follows. ``--first-load`` makes each load the first of the State by
+its store object (``bench/table.py``'s "first load": the chain of segments it read last is
+forgotten, so the segments are listed before they are fetched). Each State's figures end with
+the cyclic garbage collector's collections during the timed loads (``gc.callbacks``): how
+many, and the wall time spent in them, per load and by generation.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import io
 import os
 import pstats
@@ -97,6 +102,41 @@ class Phases:
             setattr(owner, name, original)
 
 
+class Collections:
+    """The cyclic garbage collector's collections while counting: how many, how long."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.seconds[info["generation"]] += time.perf_counter() - self._began
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        """Count the collections of the block (from zero)."""
+        self.count, self.seconds = [0, 0, 0], [0.0, 0.0, 0.0]
+        gc.callbacks.append(self._callback)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._callback)
+
+    def summary(self, loads: int) -> str:
+        """A line of the collections per load, by generation."""
+        ms = sum(self.seconds) / loads * 1000
+        by = ", ".join(
+            f"gen {g}: {self.count[g] / loads:.1f} in {self.seconds[g] / loads * 1000:.1f} ms"
+            for g in range(3)
+        )
+        return f"garbage collections     {ms:7.1f} ms per load ({by})"
+
+
 def _without_then(call: Call, then: object) -> Call:
     """The segment GET ``call`` as it is: the driver returns its bytes, the read parses them."""
     return call
@@ -145,6 +185,11 @@ def main() -> None:
         help="load a third State, never packed: one GET an entry",
     )
     parser.add_argument(
+        "--first-load",
+        action="store_true",
+        help="each load as the store object's first of the State (segments listed first)",
+    )
+    parser.add_argument(
         "--botocore-endpoints",
         action="store_true",
         help="the store's clients resolve each key's endpoint as botocore does (no cache hit)",
@@ -183,8 +228,10 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
     store = S3Store(table.BUCKET, PREFIX, endpoint_url=proxy, session=session)
     store.get("warm-up")
     phases = Phases()
+    collections = Collections()
     for state_id in names:
-        loaded = store.load(state_id)  # fills the proxy's memory
+        load = partial(table.first_load if args.first_load else S3Store.load, store, state_id)
+        loaded = load()  # fills the proxy's memory
         # (A load may add one: the result of a tool call the saved history ends with.)
         if len(loaded.history) < args.n:
             raise SystemExit(f"{state_id!r} loaded {len(loaded.history)} entries, not {args.n}")
@@ -197,10 +244,11 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
             phases.wrap(_codec, "_loads_large", LABELS[2]),
             phases.wrap(Store, "_loaded", LABELS[3], every),
             phases.wrap(_saving, "state_from_record", LABELS[4], every),
+            collections.counting(),
         ):
             for _ in range(args.repeat):
                 began, cpu = time.perf_counter(), time.process_time()
-                store.load(state_id)
+                load()
                 walls.append(time.perf_counter() - began)
                 cpus.append(time.process_time() - cpu)
         print(
@@ -216,6 +264,7 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
                 named += each
             print(f"  {label:<32} {each * 1000:7.1f} ms CPU per load")
         print(f"  {'the rest of the load':<32} {(total - named) * 1000:7.1f} ms CPU per load")
+        print(f"  {collections.summary(args.repeat)}")
         cpus = []
         for _ in range(args.repeat):
             cpu = time.process_time()
@@ -228,7 +277,7 @@ def profile_loads(args: argparse.Namespace, moto: str, proxy: str) -> None:
         if args.profile:
             profile = cProfile.Profile(time.process_time)
             profile.enable()
-            store.load(state_id)
+            load()
             profile.disable()
             out = io.StringIO()
             pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)
