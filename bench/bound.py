@@ -23,17 +23,16 @@ bytes and building the entries, the gap between the store and the bound is the s
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from pydantic_core import from_json
 
 from alpineagents import HistoryEntry
+from alpineagents._gc import paused  # the collector off (the core's pause of a load)
 
 PART_BYTES = 1 << 20  # as S3Store.pack: about 1 MiB a segment ...
 PARTS_AT_MOST = 4  # ... and four when there are more than 4 MiB
@@ -89,7 +88,7 @@ class Bound:
 
     def first_load(self) -> list[HistoryEntry]:
         """Round 1: the head and the listing of the parts; round 2: the parts."""
-        with _collector_off():
+        with paused():
             head = self.pool.submit(self._get, self.head)
             listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.folder)
             keys = sorted(item["Key"] for item in listed.get("Contents", ()))
@@ -98,7 +97,7 @@ class Bound:
 
     def known_load(self) -> list[HistoryEntry]:
         """One round: the head and the parts, whose keys are known, at once."""
-        with _collector_off():
+        with paused():
             head = self.pool.submit(self._get, self.head)
             parts = list(self.pool.map(self._get_parsed, self.keys))
             head.result()
@@ -128,14 +127,3 @@ def _built(parts: Sequence[Sequence[dict[str, Any]]]) -> list[HistoryEntry]:
         for part in parts
         for d in part
     ]
-
-
-@contextmanager
-def _collector_off() -> Iterator[None]:
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
