@@ -1,24 +1,27 @@
-"""The least a load of a history can cost on this machine, whatever the store: the bound rows.
+"""What a load of a history costs at the least on this machine: the bound rows of the table.
 
 A load that gives a State back fetches every byte of its history, parses it and builds one
-``HistoryEntry`` per entry. The two rows of ``bench/table.py`` that this module measures do
-that and nothing else a store does: no check of any field, no snapshot to apply, no listing
-of single entries, and Python's cyclic garbage collector off from the first request to the
-last entry built. The history is stored as a small head object (as a snapshot would be) and
-the entries' JSON cut into a few parts as ``S3Store.pack`` cuts segments (one part per MiB,
-four when there are more than 4 MiB), each part parsed by pydantic_core (the parser S3Store
-uses for segments) in the thread that fetched it, as its body arrives.
+``HistoryEntry`` per entry. The rows of ``bench/table.py`` that this module measures do that
+and nothing else a store does: no check of any field, no snapshot to apply, no listing of
+single entries, and Python's cyclic garbage collector off from the first request to the last
+entry built. Each object is parsed by pydantic_core (the parser S3Store uses for segments)
+in the thread that fetched it, once its body has arrived.
 
-- ``bound: 2 rounds, no checks``: the head GET and the LIST of the parts at once, then the
-  parts. The keys of a State's segments cannot be known before a read names them (their
-  generation is random, their ranges depend on the packs), so this is the least a *first*
-  load can do.
-- ``bound: 1 round, no checks``: the head and the parts, keys known beforehand, at once: the
-  least a load by a store object that read the State before can do.
+- ``bound: 2 rounds, no checks``: S3Store's layout at its least. A small head object (as the
+  snapshot) and the entries' JSON in parts cut as ``S3Store.pack`` cuts segments; the head
+  GET and the LIST of the parts at once, then the parts. A State's segment keys hold a random
+  generation and the ranges its packs chose, so no reader knows them before a listing (or a
+  snapshot) names them: this is the least a *first* load of that layout can do.
+- ``bound: 1 round, no checks``: the same objects, keys known, all at once: the least a load
+  by a store object that read the State before can do in that layout.
+- ``bound: 1 GET, no checks``: one object of all the entries (the floor's object), parsed and
+  built: the least a load of any layout can do, one that keeps the whole history in one object
+  at a key known beforehand.
 
-So a store's row over the floor (one GET of all the bytes) can be read against what no store
-can beat here: the gap between the bound and the floor is this machine's cost of parsing the
-bytes and building the entries, the gap between the store and the bound is the store's.
+A store's ratio to the floor (one GET of all the bytes, unparsed) can then be read against
+what its layout could do at best on the same machine in the same run: the gap between a bound
+and the floor is the cost of parsing the bytes and building the entries there, and the gap
+between a store and the bound of its layout is the store's own.
 """
 
 from __future__ import annotations
@@ -33,79 +36,77 @@ from pydantic_core import from_json
 
 from alpineagents import HistoryEntry
 from alpineagents._gc import paused  # the collector off (the core's pause of a load)
-
-PART_BYTES = 1 << 20  # as S3Store.pack: about 1 MiB a segment ...
-PARTS_AT_MOST = 4  # ... and four when there are more than 4 MiB
+from alpineagents_s3._packing import cut as cut_segments
 
 FIRST_LOAD = "bound: 2 rounds, no checks"
 KNOWN_KEYS = "bound: 1 round, no checks"
+ONE_OBJECT = "bound: 1 GET, no checks"
 
 
 def cut(bodies: Sequence[bytes]) -> list[list[bytes]]:
-    """The entries' JSON ``bodies`` in parts: of about 1 MiB, or four when over 4 MiB."""
-    total = sum(map(len, bodies))
-    parts = max(1, -(-total // PART_BYTES))
-    if parts > PARTS_AT_MOST:
-        parts = PARTS_AT_MOST
-    share = -(-total // parts)
-    out: list[list[bytes]] = [[]]
-    size = 0
-    for body in bodies:
-        if size >= share and len(out) < parts:
-            out.append([])
-            size = 0
-        out[-1].append(body)
-        size += len(body)
-    return out
+    """The entries' JSON ``bodies`` in parts, as ``S3Store.pack`` cuts a first pack's segments."""
+    return [list(bodies[start:end]) for start, end in cut_segments(0, list(map(len, bodies)))]
 
 
 class Bound:
-    """A history stored as a head and a few parts under ``prefix``, and its two loads."""
+    """A history stored under ``prefix`` (a head and parts, or one object), and its loads."""
 
-    def __init__(self, client: Any, bucket: str, prefix: str, parts: int) -> None:
+    def __init__(self, client: Any, bucket: str, prefix: str, parts: int, head: bool) -> None:
         self.client = client
         self.bucket = bucket
-        self.head = f"{prefix}head.json"
+        self.head = f"{prefix}head.json" if head else None
         self.folder = f"{prefix}parts/"
         self.keys = [f"{self.folder}{i:04d}.json" for i in range(parts)]
         self.pool = ThreadPoolExecutor(max_workers=min(32, parts + 1))
-        self.read = 0  # the bytes of one load: set by put()
 
     @classmethod
-    def put(cls, client: Any, bucket: str, prefix: str, entries: Sequence[dict[str, Any]]) -> Bound:
-        """Store ``entries`` (entry dicts, as a store is given them) under ``prefix``."""
+    def put(
+        cls,
+        client: Any,
+        bucket: str,
+        prefix: str,
+        entries: Sequence[dict[str, Any]],
+        one_object: bool = False,
+    ) -> Bound:
+        """Store ``entries`` (entry dicts, as a store is given them) under ``prefix``: a head
+        and parts cut as segments, or (``one_object``) one object of them all."""
         bodies = [json.dumps(e, separators=(",", ":")).encode() for e in entries]
-        parts = cut(bodies)
-        bound = cls(client, bucket, prefix, len(parts))
-        head = json.dumps({"entries": len(entries), "parts": len(parts)}).encode()
-        client.put_object(Bucket=bucket, Key=bound.head, Body=head)
-        bound.read = len(head)
+        parts = [bodies] if one_object else cut(bodies)
+        bound = cls(client, bucket, prefix, len(parts), head=not one_object)
+        if bound.head is not None:
+            head = json.dumps({"entries": len(entries), "parts": len(parts)}).encode()
+            client.put_object(Bucket=bucket, Key=bound.head, Body=head)
         for key, part in zip(bound.keys, parts, strict=True):
-            body = b"[" + b",".join(part) + b"]"
-            client.put_object(Bucket=bucket, Key=key, Body=body)
-            bound.read += len(body)
+            client.put_object(Bucket=bucket, Key=key, Body=b"[" + b",".join(part) + b"]")
         return bound
 
+    def through(self, client: Any) -> Bound:
+        """The same objects, read through ``client`` (another endpoint, counted requests)."""
+        other = Bound(client, self.bucket, "", len(self.keys), head=False)
+        other.head, other.folder, other.keys = self.head, self.folder, self.keys
+        return other
+
     def first_load(self) -> list[HistoryEntry]:
-        """Round 1: the head and the listing of the parts; round 2: the parts."""
+        """Round 1: the head and the listing of the parts, at once; round 2: the parts."""
         with paused():
-            head = self.pool.submit(self._get, self.head)
+            head = self.pool.submit(self._get, self.head) if self.head else None
             listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.folder)
             keys = sorted(item["Key"] for item in listed.get("Contents", ()))
-            head.result()
+            if head is not None:
+                head.result()
             return _built(list(self.pool.map(self._get_parsed, keys)))
 
     def known_load(self) -> list[HistoryEntry]:
         """One round: the head and the parts, whose keys are known, at once."""
         with paused():
-            head = self.pool.submit(self._get, self.head)
-            parts = list(self.pool.map(self._get_parsed, self.keys))
-            head.result()
+            head = self.pool.submit(self._get, self.head) if self.head else None
+            if len(self.keys) == 1:  # one object: fetched and parsed in this thread
+                parts = [self._get_parsed(self.keys[0])]
+            else:
+                parts = list(self.pool.map(self._get_parsed, self.keys))
+            if head is not None:
+                head.result()
             return _built(parts)
-
-    def requests(self, first: bool) -> dict[str, int]:
-        """The requests of one load, by kind, as the table counts them."""
-        return {"GET": 1 + len(self.keys), **({"LIST": 1} if first else {})}
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -120,10 +121,22 @@ class Bound:
 
 
 def _built(parts: Sequence[Sequence[dict[str, Any]]]) -> list[HistoryEntry]:
-    """One HistoryEntry per entry dict, with none of the checks a load makes."""
+    """One HistoryEntry per entry dict, with none of the checks a load makes (a model entry
+    stored without its text gets that of its text blocks, as the core gives it)."""
     when: Callable[[str], datetime] = datetime.fromisoformat
     return [
-        HistoryEntry(d["seq"], d["kind"], d["text"], d["data"], None, when(d["at"]))
+        HistoryEntry(
+            d["seq"],
+            d["kind"],
+            d["text"] if "text" in d else _blocks_text(d["data"]),
+            d["data"],
+            None,
+            when(d["at"]),
+        )
         for part in parts
         for d in part
     ]
+
+
+def _blocks_text(data: dict[str, Any]) -> str:
+    return "".join(b["text"] for b in data.get("content", ()) if b.get("type") == "text")

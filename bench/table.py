@@ -437,23 +437,30 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
 def bench_bound(bench: Bench, n: int, entries: list[dict[str, Any]]) -> list[Row]:
     """The bound rows of history length ``n`` (see ``bench/bound.py``): proxy, then direct."""
     raw = bench.session.client("s3", endpoint_url=bench.moto)
-    stored = Bound.put(raw, BUCKET, f"bound/{n}/", entries)
+    layouts = [
+        (Bound.put(raw, BUCKET, f"bound/{n}/parts/", entries), False),
+        (Bound.put(raw, BUCKET, f"bound/{n}/one/", entries, one_object=True), True),
+    ]
     raw.close()
     rows = []
     for via, url in (("proxy", bench.proxy), ("direct", bench.moto)):
         client = bench.session.client("s3", endpoint_url=url)
-        loads = Bound(client, BUCKET, f"bound/{n}/", len(stored.keys))
-        for name, load, first in (
-            (bound.FIRST_LOAD, loads.first_load, True),
-            (bound.KNOWN_KEYS, loads.known_load, False),
-        ):
-            if len(load()) != n:  # opens the connections; fills the proxy's memory
-                raise SystemExit(f"{name}: did not load {n} entries")
-            wall, cpu, _ = timed(load, bench.repeat, bench.budget)
-            rows.append(Row(n, name, via, wall, cpu, loads.requests(first), stored.read))
-        loads.close()
+        for event, handler in bench.meter.hooks.items():
+            client.meta.events.register(event, handler)
+        for stored, one in layouts:
+            loads = stored.through(client)
+            named = [(bound.FIRST_LOAD, loads.first_load), (bound.KNOWN_KEYS, loads.known_load)]
+            for name, load in [(bound.ONE_OBJECT, loads.known_load)] if one else named:
+                if len(load()) != n:  # opens the connections; fills the proxy's memory
+                    raise SystemExit(f"{name}: did not load {n} entries")
+                bench.meter.clear()
+                wall, cpu, runs = timed(load, bench.repeat, bench.budget)
+                counts = {k: v // runs for k, v in bench.meter.log.counts().items()}
+                rows.append(Row(n, name, via, wall, cpu, counts, bench.meter.read // runs))
+            loads.close()
         client.close()
-    stored.close()
+    for stored, _ in layouts:
+        stored.close()
     return rows
 
 

@@ -7,6 +7,7 @@ pointed at a folder that does not exist, so its rows must say "not installed".
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -71,14 +72,18 @@ def test_the_table_has_every_store_and_its_figures_hold_together(tmp_path: Path)
             assert sum(row["requests"].values()) >= 1, (store, via)
         # Every store reads at least the history's bytes (as JSON, give or take the framing).
         assert row["read"] >= 0.9 * size, (store, via, row["read"], size)
-    # The bound rows (bench/bound.py): one part at N = 10, its head, and a listing for the
-    # first load's round; through the proxy, as many waits as rounds.
+    # The bound rows (bench/bound.py), counted by the same hooks as the stores: a head and one
+    # part at N = 10, listed first or not; the whole history as one object.
     for via in ("proxy", "direct"):
         first = by_key[("bound: 2 rounds, no checks", via)]
         known = by_key[("bound: 1 round, no checks", via)]
-        assert first["requests"] == {"GET": 2, "LIST": 1}, via
-        assert known["requests"] == {"GET": 2}, via
-        assert first["read"] == known["read"] <= 1.05 * size, (via, known["read"], size)
+        one = by_key[("bound: 1 GET, no checks", via)]
+        assert first["requests"] == {"GET": 2, "LIST": 1}, (via, first)
+        assert known["requests"] == {"GET": 2}, (via, known)
+        assert one["requests"] == {"GET": 1}, (via, one)
+        for row in (first, known, one):
+            assert row["read"] <= 1.05 * size, (via, row["read"], size)
+    # Through the proxy, a wait a round: the listing, then the parts.
     assert by_key[("bound: 2 rounds, no checks", "proxy")]["wall"] >= 2 * DELAY_MS / 1000 * 0.95
 
     floor = by_key[("floor: 1 GET of all", "proxy")]
@@ -101,19 +106,44 @@ def test_the_table_has_every_store_and_its_figures_hold_together(tmp_path: Path)
 
 
 def test_the_bound_cuts_parts_as_pack_cuts_segments() -> None:
-    """bench/bound.py: one part up to 1 MiB, one per MiB up to 4, four of a quarter beyond."""
+    """bench/bound.py: the parts of a history are the segments a first pack writes of it."""
+    from alpineagents_s3._packing import cut as cut_segments
+
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        from bound import PART_BYTES, cut
+        from bound import cut
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    kib = b"x" * 1024
-    for entries, parts in ((1, 1), (1024, 1), (1025, 2), (3 * 1024, 3), (4096, 4), (40_000, 4)):
-        cuts = cut([kib] * entries)
-        assert len(cuts) == parts, (entries, [len(c) for c in cuts])
-        assert [b for c in cuts for b in c] == [kib] * entries  # every body once, in order
-        assert max(sum(map(len, c)) for c in cuts) <= max(PART_BYTES, -(-entries * 1024 // 4))
-    assert cut([]) == [[]]
+    kib = 1024
+    for sizes in ([kib], [kib] * 1025, [kib] * 2100, [3 * kib] * 5000, [kib, 9 << 20, kib]):
+        bodies = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+        parts = cut(bodies)
+        assert [b for part in parts for b in part] == bodies  # every body once, in order
+        ranges, at = [], 0
+        for part in parts:
+            ranges.append((at, at + len(part)))
+            at += len(part)
+        assert ranges == cut_segments(0, sizes), len(sizes)
+    assert len(cut([b"x" * kib] * 1025)) == 1  # a remainder under 128 KiB joins the segment
+    assert len(cut([b"x" * kib] * (15 << 10))) == 4  # 15 MiB: four of a quarter
+
+
+def test_the_profile_counts_garbage_collections_by_generation() -> None:
+    """bench/load_profile.py's Collections: a full collection counted as one of generation 2,
+    none outside its block, and its callback gone after."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from load_profile import Collections
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    collections = Collections()
+    with collections.counting():
+        gc.collect()
+    assert collections.count == [0, 0, 1] and collections.seconds[2] > 0
+    assert collections._callback not in gc.callbacks
+    gc.collect()
+    assert collections.count == [0, 0, 1]
+    assert "gen 2: 0.5 in" in collections.summary(2)
 
 
 def test_the_proxy_answers_repeated_reads_and_listings_until_a_write(moto_url: str) -> None:
