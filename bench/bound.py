@@ -36,6 +36,7 @@ from pydantic_core import from_json
 
 from alpineagents import HistoryEntry
 from alpineagents._gc import paused  # the collector off (the core's pause of a load)
+from alpineagents.history import plain_model_text
 from alpineagents_s3._packing import cut as cut_segments
 
 FIRST_LOAD = "bound: 2 rounds, no checks"
@@ -49,15 +50,17 @@ def cut(bodies: Sequence[bytes]) -> list[list[bytes]]:
 
 
 class Bound:
-    """A history stored under ``prefix`` (a head and parts, or one object), and its loads."""
+    """A history's objects in a bucket (a head and parts, or one object), and its loads."""
 
-    def __init__(self, client: Any, bucket: str, prefix: str, parts: int, head: bool) -> None:
+    def __init__(
+        self, client: Any, bucket: str, head: str | None, folder: str, keys: Sequence[str]
+    ) -> None:
         self.client = client
         self.bucket = bucket
-        self.head = f"{prefix}head.json" if head else None
-        self.folder = f"{prefix}parts/"
-        self.keys = [f"{self.folder}{i:04d}.json" for i in range(parts)]
-        self.pool = ThreadPoolExecutor(max_workers=min(32, parts + 1))
+        self.head = head
+        self.folder = folder
+        self.keys = list(keys)
+        self.pool = ThreadPoolExecutor(max_workers=min(32, len(self.keys) + 1))
 
     @classmethod
     def put(
@@ -72,7 +75,14 @@ class Bound:
         and parts cut as segments, or (``one_object``) one object of them all."""
         bodies = [json.dumps(e, separators=(",", ":")).encode() for e in entries]
         parts = [bodies] if one_object else cut(bodies)
-        bound = cls(client, bucket, prefix, len(parts), head=not one_object)
+        folder = f"{prefix}parts/"
+        bound = cls(
+            client,
+            bucket,
+            None if one_object else f"{prefix}head.json",
+            folder,
+            [f"{folder}{i:04d}.json" for i in range(len(parts))],
+        )
         if bound.head is not None:
             head = json.dumps({"entries": len(entries), "parts": len(parts)}).encode()
             client.put_object(Bucket=bucket, Key=bound.head, Body=head)
@@ -82,9 +92,7 @@ class Bound:
 
     def through(self, client: Any) -> Bound:
         """The same objects, read through ``client`` (another endpoint, counted requests)."""
-        other = Bound(client, self.bucket, "", len(self.keys), head=False)
-        other.head, other.folder, other.keys = self.head, self.folder, self.keys
-        return other
+        return Bound(client, self.bucket, self.head, self.folder, self.keys)
 
     def first_load(self) -> list[HistoryEntry]:
         """Round 1: the head and the listing of the parts, at once; round 2: the parts."""
@@ -122,13 +130,13 @@ class Bound:
 
 def _built(parts: Sequence[Sequence[dict[str, Any]]]) -> list[HistoryEntry]:
     """One HistoryEntry per entry dict, with none of the checks a load makes (a model entry
-    stored without its text gets that of its text blocks, as the core gives it)."""
+    stored without its text gets that of its text blocks, by the core's own function)."""
     when: Callable[[str], datetime] = datetime.fromisoformat
     return [
         HistoryEntry(
             d["seq"],
             d["kind"],
-            d["text"] if "text" in d else _blocks_text(d["data"]),
+            d["text"] if "text" in d else plain_model_text(d["data"]) or "",
             d["data"],
             None,
             when(d["at"]),
@@ -136,7 +144,3 @@ def _built(parts: Sequence[Sequence[dict[str, Any]]]) -> list[HistoryEntry]:
         for part in parts
         for d in part
     ]
-
-
-def _blocks_text(data: dict[str, Any]) -> str:
-    return "".join(b["text"] for b in data.get("content", ()) if b.get("type") == "text")

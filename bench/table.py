@@ -437,9 +437,15 @@ def bench_size(bench: Bench, n: int, variants: list[Variant]) -> list[Row]:
 def bench_bound(bench: Bench, n: int, entries: list[dict[str, Any]]) -> list[Row]:
     """The bound rows of history length ``n`` (see ``bench/bound.py``): proxy, then direct."""
     raw = bench.session.client("s3", endpoint_url=bench.moto)
-    layouts = [
-        (Bound.put(raw, BUCKET, f"bound/{n}/parts/", entries), False),
-        (Bound.put(raw, BUCKET, f"bound/{n}/one/", entries, one_object=True), True),
+    layouts = [  # the objects, and the rows of their loads: (name, Bound's load method)
+        (
+            Bound.put(raw, BUCKET, f"bound/{n}/parts/", entries),
+            [(bound.FIRST_LOAD, Bound.first_load), (bound.KNOWN_KEYS, Bound.known_load)],
+        ),
+        (
+            Bound.put(raw, BUCKET, f"bound/{n}/one/", entries, one_object=True),
+            [(bound.ONE_OBJECT, Bound.known_load)],
+        ),
     ]
     raw.close()
     rows = []
@@ -447,10 +453,10 @@ def bench_bound(bench: Bench, n: int, entries: list[dict[str, Any]]) -> list[Row
         client = bench.session.client("s3", endpoint_url=url)
         for event, handler in bench.meter.hooks.items():
             client.meta.events.register(event, handler)
-        for stored, one in layouts:
+        for stored, named in layouts:
             loads = stored.through(client)
-            named = [(bound.FIRST_LOAD, loads.first_load), (bound.KNOWN_KEYS, loads.known_load)]
-            for name, load in [(bound.ONE_OBJECT, loads.known_load)] if one else named:
+            for name, method in named:
+                load = partial(method, loads)
                 if len(load()) != n:  # opens the connections; fills the proxy's memory
                     raise SystemExit(f"{name}: did not load {n} entries")
                 bench.meter.clear()

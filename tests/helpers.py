@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
 import logging
 import os
 import subprocess
@@ -70,6 +71,15 @@ AWS_UNSET = (
     "AWS_RETRY_MODE",
     "AWS_MAX_ATTEMPTS",
 )
+
+
+def bench_module(name: str) -> Any:
+    """The module ``bench/<name>.py``, imported as the bench scripts import each other."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
 
 def _moto_modules_listed_once() -> None:

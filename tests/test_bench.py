@@ -10,13 +10,12 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import boto3
 
-from tests.helpers import ROOT, run_bench
+from tests.helpers import bench_module, run_bench
 
 DELAY_MS = 20
 
@@ -109,11 +108,7 @@ def test_the_bound_cuts_parts_as_pack_cuts_segments() -> None:
     """bench/bound.py: the parts of a history are the segments a first pack writes of it."""
     from alpineagents_s3._packing import cut as cut_segments
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from bound import cut
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    cut = bench_module("bound").cut
     kib = 1024
     for sizes in ([kib], [kib] * 1025, [kib] * 2100, [3 * kib] * 5000, [kib, 9 << 20, kib]):
         bodies = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
@@ -131,12 +126,7 @@ def test_the_bound_cuts_parts_as_pack_cuts_segments() -> None:
 def test_the_profile_counts_garbage_collections_by_generation() -> None:
     """bench/load_profile.py's Collections: a full collection counted as one of generation 2,
     none outside its block, and its callback gone after."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from load_profile import Collections
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    collections = Collections()
+    collections = bench_module("load_profile").Collections()
     with collections.counting():
         gc.collect()
     assert collections.count == [0, 0, 1] and collections.seconds[2] > 0
@@ -147,12 +137,7 @@ def test_the_profile_counts_garbage_collections_by_generation() -> None:
 
 
 def test_the_proxy_answers_repeated_reads_and_listings_until_a_write(moto_url: str) -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from latency_proxy import LatencyProxy
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    with LatencyProxy(moto_url, 0.001) as proxy:
+    with bench_module("latency_proxy").LatencyProxy(moto_url, 0.001) as proxy:
         client = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1")
         client.create_bucket(Bucket="proxied")
         client.put_object(Bucket="proxied", Key="a", Body=b"1")
