@@ -15,14 +15,16 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess test
         "(or reinstall the plugin: pip install alpineagents-s3)"
     ) from e
 
-from alpineagents_s3._packing import Packed
-from alpineagents_s3._reading import StoredObject
+from alpineagents_s3._delete import Deleted
+from alpineagents_s3._engine import Check
+from alpineagents_s3._list import StoredObject
 from alpineagents_s3._store import S3Store
 from alpineagents_s3.errors import (
     BucketNotFoundError,
     ConcurrentWriteError,
     ConditionalWritesUnsupportedError,
     CorruptStateError,
+    IncompleteListError,
     S3AccessDeniedError,
     S3StoreError,
     SchemaVersionError,
@@ -33,10 +35,12 @@ from alpineagents_s3.errors import (
 
 __all__ = [
     "BucketNotFoundError",
+    "Check",
     "ConcurrentWriteError",
     "ConditionalWritesUnsupportedError",
     "CorruptStateError",
-    "Packed",
+    "Deleted",
+    "IncompleteListError",
     "S3AccessDeniedError",
     "S3Store",
     "S3StoreError",

@@ -26,11 +26,6 @@ from botocore.configprovider import ConfiguredEndpointProvider
 from botocore.exceptions import BotoCoreError
 from botocore.loaders import Loader
 
-from alpineagents_s3._endpoints import cache_endpoints
-from alpineagents_s3._timestamps import fast_timestamps
-from alpineagents_s3._tls import session_class, share_sync_tls
-from alpineagents_s3._useragent import cache_user_agent
-
 # Used unless AWS_RETRY_MODE / AWS_MAX_ATTEMPTS or the profile's config say otherwise.
 DEFAULT_RETRIES: Final = {"mode": "standard", "total_max_attempts": 5}
 
@@ -127,7 +122,6 @@ class Clients:
             client = MODELS.make_client(
                 session, lambda: session.client("s3", **self._client_kwargs(session))
             )
-        share_sync_tls(client)
         self.prepare(client)
         return client
 
@@ -149,10 +143,7 @@ class Clients:
         return self.aio_session.client("s3", **kwargs)
 
     def prepare(self, client: Any) -> None:
-        """Prepare a client just opened: timestamps, endpoints, event hooks; then tell the store."""
-        fast_timestamps(client)
-        cache_endpoints(client)
-        cache_user_agent(client)
+        """Prepare a client just opened: the event hooks; then tell the store."""
         for event, handler in self.event_hooks.items():
             client.meta.events.register(event, handler)
         self.on_open(client)
@@ -202,18 +193,17 @@ class Clients:
         """``merged`` as an aiobotocore ``AioConfig``, for an async client.
 
         It has the connector arguments and http session class of the ``AioConfig`` given as
-        ``config`` (a merge of botocore Configs keeps neither), else the session class whose
-        TLS context is shared (``_tls``).
+        ``config`` (a merge of botocore Configs keeps neither).
         """
         from aiobotocore.config import AioConfig
 
         given = self.config if isinstance(self.config, AioConfig) else None
         options: dict[str, Any] = getattr(merged, "_user_provided_options", {})
-        return AioConfig(
-            getattr(given, "connector_args", None),
-            http_session_cls=session_class(given),
-            **options,
-        )
+        extra: dict[str, Any] = {}
+        session_cls = getattr(given, "http_session_cls", None)
+        if session_cls is not None:
+            extra["http_session_cls"] = session_cls
+        return AioConfig(getattr(given, "connector_args", None), **options, **extra)
 
     def _import_aioboto3(self) -> Any:
         """aioboto3, for the async methods; it is the plugin's ``async`` extra."""

@@ -23,7 +23,6 @@ which every published version exports.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
@@ -42,8 +41,6 @@ __all__ = [
     "Summary",
     "make_record",
     "newest_first",
-    "run_summary",
-    "running",
     "summarize",
 ]
 
@@ -90,39 +87,6 @@ def summarize(state_id: str, small: dict[str, Any]) -> Summary:
         return _from_info(state_id, small)
     assert _from_snapshot is not None
     return _from_snapshot(state_id, small)
-
-
-def run_summary(state_id: str, small: dict[str, Any]) -> tuple[Any, ...] | None:
-    """What the core's list summary says of a State, but for ``updated_at``; ``None``: unknown.
-
-    A save that keeps it commits by its entry alone (layout 3): what ``list()`` shows of a
-    running State changes only in ``updated_at``. The summary classes of every published
-    version are dataclasses; a dict the core cannot summarise gives ``None``.
-    """
-    try:
-        summary = summarize(state_id, small)
-    except Exception:  # noqa: BLE001 - any refusal of the core means "cannot tell"
-        return None
-    if not dataclasses.is_dataclass(summary):
-        return None
-    return tuple(
-        (f.name, getattr(summary, f.name))
-        for f in dataclasses.fields(summary)
-        if f.name != "updated_at"
-    )
-
-
-def running(key: tuple[Any, ...]) -> bool:
-    """Whether a :func:`run_summary` is of a State whose run has not stopped.
-
-    ``stopped_by`` (this repository's core), ``stopped`` and ``finished`` (0.4, 0.5+) say so.
-    """
-    fields = dict(key)
-    return (
-        fields.get("stopped_by") is None
-        and fields.get("stopped") is None
-        and not fields.get("finished", False)
-    )
 
 
 def newest_first(summaries: list[Summary]) -> list[Summary]:

@@ -12,7 +12,7 @@ Every message names the bucket and key (``s3://bucket/key``) and says what to do
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import alpineagents
 
@@ -21,6 +21,7 @@ __all__ = [
     "ConcurrentWriteError",
     "ConditionalWritesUnsupportedError",
     "CorruptStateError",
+    "IncompleteListError",
     "S3AccessDeniedError",
     "S3StoreError",
     "SchemaVersionError",
@@ -88,6 +89,25 @@ class ConditionalWritesUnsupportedError(S3StoreError):
 
     S3Store needs them to keep history entries immutable and to detect a second writer.
     """
+
+
+class IncompleteListError(S3StoreError):
+    """``list()`` could not read every State; ``states`` holds those it read, newest first.
+
+    Attributes:
+        states: The summaries that were read, as ``list()`` would have returned them.
+        failed: For each id that could not be read, the error.
+    """
+
+    def __init__(self, where: str, states: list[Any], failed: dict[str, S3StoreError]):
+        shown = "; ".join(f"{state_id!r}: {error}" for state_id, error in list(failed.items())[:5])
+        more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+        super().__init__(
+            f"could not read {len(failed)} of the States under {where} ({shown}{more}); "
+            f"the {len(states)} read are in this error's .states"
+        )
+        self.states = states
+        self.failed = failed
 
 
 class StoreClosedError(S3StoreError, RuntimeError):

@@ -17,7 +17,10 @@ from urllib.parse import unquote, urlsplit
 
 import boto3
 
-__all__ = ["Request", "RequestLog", "embedded_moto"]
+from alpineagents_s3._memory import Memory
+from alpineagents_s3._store import S3Store
+
+__all__ = ["Request", "RequestLog", "embedded_moto", "separate_process"]
 
 _META = "x-amz-meta-"
 # What each S3 operation S3Store makes counts as.
@@ -26,6 +29,7 @@ _KINDS = {
     "GetObject": "GET",
     "HeadObject": "HEAD",
     "ListObjectsV2": "LIST",
+    "ListObjectVersions": "LIST",
     "DeleteObject": "DELETE",
     "DeleteObjects": "DELETE",
 }
@@ -123,6 +127,18 @@ class RequestLog:
         """Forget the requests recorded so far."""
         with self._lock:
             self.requests.clear()
+
+
+def separate_process(store: S3Store) -> S3Store:
+    """Make ``store`` act as if it ran in a process of its own, for tests of two writers.
+
+    Every S3Store of a process shares what the process knows of each State (the head its next
+    save is conditional on; see docs/protocol.md, "Save"), so two store objects in one test
+    are one writer. A store passed here gets a memory of its own: it is a second writer.
+    Returns the store.
+    """
+    store._memory = Memory()
+    return store
 
 
 _TEST_CREDENTIALS = {

@@ -33,6 +33,7 @@ from alpineagents_s3 import (
     StateExistsError,
     StateNotFoundError,
 )
+from alpineagents_s3.testing import separate_process
 
 # (conftest.py cannot be imported under --import-mode=importlib: these two lines stand twice.)
 CORE_VERSION = metadata.version("alpineagents")
@@ -92,6 +93,17 @@ def keys(s3: Any, bucket: str, prefix: str = "") -> list[str]:
     return [item["Key"] for item in listed.get("Contents", ())]
 
 
+def state_keys(s3: Any, bucket: str, state_id: str) -> list[str]:
+    """The keys of a State: its head and what is under its folder."""
+    return keys(s3, bucket, f"runs/heads/{state_id}.json") + keys(
+        s3, bucket, f"runs/states/{state_id}/"
+    )
+
+
+def entry_objects(s3: Any, bucket: str, state_id: str) -> list[str]:
+    return [k for k in keys(s3, bucket, f"runs/states/{state_id}/") if "/e0" in k]
+
+
 # Write and read --------------------------------------------------------------------------
 
 
@@ -119,23 +131,36 @@ def test_entries_the_store_has_are_skipped_when_sent_again(io: IO, s3: Any, buck
     io.write("again", entries(0, 3), small(3), create=True)
     io.write("again", entries(1, 5), small(5))  # 1 and 2 again, as after a failed write
     assert list(io.read("again").entries) == entries(0, 5)
-    assert len([k for k in keys(s3, bucket, "runs/again/") if "/entries/" in k]) == 5
+    assert len(entry_objects(s3, bucket, "again")) == 5
+
+
+def test_an_identical_resend_through_another_process_is_skipped(
+    make_store: MakeStore, mode: str, s3: Any, bucket: str
+) -> None:
+    IO(make_store(), mode).write("resent", entries(0, 3), small(3), create=True)
+    fresh = IO(separate_process(make_store()), mode)  # has never read or written it
+    fresh.write("resent", entries(0, 4), small(4))
+    assert list(fresh.read("resent").entries) == entries(0, 4)
+    assert len(entry_objects(s3, bucket, "resent")) == 4
 
 
 def test_an_entry_sent_again_with_other_content_is_refused(io: IO) -> None:
     io.write("differs", entries(0, 2), small(2), create=True)
-    with pytest.raises(ConcurrentWriteError, match=r"(different history|another) entry 1"):
+    with pytest.raises(ConcurrentWriteError, match=r"another writer .*entry 1 is not the one"):
         io.write("differs", entries(1, 3, tag=" (other)"), small(3))
     assert list(io.read("differs").entries)[:2] == entries(0, 2)
 
 
-def test_a_refused_saves_other_entries_are_not_read_back(io: IO) -> None:
-    # Entry 2 is PUT in parallel with entry 1 and lands; it was saved on top of a snapshot that
-    # is not the stored one when the save is refused, so no reader replays it.
-    io.write("differs", entries(0, 2), small(2), create=True)
+def test_a_refused_saves_entries_are_never_read_back(make_store: MakeStore, mode: str) -> None:
+    # The second writer's entry 2 object is written before its head PUT is refused: no head
+    # names it, so no reader sees it.
+    first, second = IO(make_store(), mode), IO(separate_process(make_store()), mode)
+    first.write("differs", entries(0, 2), small(2), create=True)
+    second.read("differs")
+    first.write("differs", entries(2, 3), small(3))
     with pytest.raises(ConcurrentWriteError):
-        io.write("differs", entries(1, 3, tag=" (other)"), small(3))
-    assert list(io.read("differs").entries) == entries(0, 2)
+        second.write("differs", entries(2, 4, tag=" (other)"), small(4))
+    assert list(first.read("differs").entries) == entries(0, 3)
 
 
 def test_a_large_small_dict_round_trips(io: IO) -> None:
@@ -163,7 +188,7 @@ def test_a_write_to_an_unknown_id_is_a_lookup_error_and_leaves_nothing(
 ) -> None:
     with pytest.raises(LookupError, match="'ghost'"):
         io.write("ghost", entries(0, 2), small(2))
-    assert keys(s3, bucket) == []
+    assert keys(s3, bucket, "runs/states/") == keys(s3, bucket, "runs/heads/") == []
 
 
 @pytest.mark.parametrize("bad", ["", "a/b", "a b", "x" * 129, "../up", "é"])
@@ -190,7 +215,7 @@ def test_a_value_json_cannot_hold_is_refused_and_nothing_is_written(
         io.write("bad-input", entries(0, 1), small(1, value=value), create=True)
     with pytest.raises((ValueError, TypeError), match=words):
         io.write("bad-input", [{"seq": 0, "text": value}], small(1), create=True)
-    assert keys(s3, bucket) == []
+    assert keys(s3, bucket, "runs/states/") == keys(s3, bucket, "runs/heads/") == []
     io.write("bad-input", entries(0, 1), small(1), create=True)  # the id is still free
     assert list(io.read("bad-input").entries) == entries(0, 1)
 
@@ -199,32 +224,34 @@ def test_an_entry_without_a_whole_seq_is_refused(io: IO, s3: Any, bucket: str) -
     for bad in ({"text": "no seq"}, {"seq": "1"}, {"seq": -1}, {"seq": True}):
         with pytest.raises(ValueError, match="has the seq"):
             io.write("no-seq", [bad], small(1), create=True)
-    assert keys(s3, bucket) == []
+    assert keys(s3, bucket, "runs/states/") == keys(s3, bucket, "runs/heads/") == []
 
 
 @pytest.mark.parametrize(
     ("part", "body", "words"),
     [
-        ("snapshot.json", b"{not json", "not valid JSON"),
-        ("snapshot.json", b"[1, 2]", "not a JSON object or null"),
-        ("0000000001.json", b"\xff\xfe", "not valid JSON"),
-        ("0000000001.json", b'"text"', "not a JSON object"),
-        ("0000000001.json", b'{"seq": 7}', "holds history entry 7, not 1"),
-        ("0000000001.json", b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+        ("heads/", b"{not json", "not valid JSON"),
+        ("heads/", b"[1, 2]", "not the head of an S3Store State"),
+        ("heads/", b'{"alpineagents-s3": 1, "id": "other"}', "the head of State 'other'"),
+        ("/e0000000001.", b"\xff\xfe", "not valid JSON"),
+        ("/e0000000001.", b'"text"', "holds 'str' where history entry 1 belongs"),
+        ("/e0000000001.", b'{"seq": 7}', "holds 7 where history entry 1 belongs"),
+        ("/e0000000001.", b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
     ],
 )
 def test_a_corrupt_object_is_named_and_nothing_is_changed(
-    io: IO, s3: Any, bucket: str, part: str, body: bytes, words: str
+    io: IO, make_store: MakeStore, s3: Any, bucket: str, part: str, body: bytes, words: str
 ) -> None:
     io.write("corrupt", entries(0, 3), small(3), create=True)
-    key = next(k for k in keys(s3, bucket, "runs/corrupt/") if k.endswith(part))
+    key = next(k for k in state_keys(s3, bucket, "corrupt") if part in k)
     metadata = s3.head_object(Bucket=bucket, Key=key)["Metadata"]
     s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata)
+    reader = IO(separate_process(make_store()), io.mode)  # holds no body of the parts
     with pytest.raises(CorruptStateError, match=words) as raised:
-        io.read("corrupt")
+        reader.read("corrupt")
     assert f"s3://{bucket}/{key}" in str(raised.value)
     assert isinstance(raised.value, ValueError)
-    assert len(keys(s3, bucket, "runs/corrupt/")) == 4  # nothing removed
+    assert len(state_keys(s3, bucket, "corrupt")) == 4  # nothing removed
 
 
 def test_a_missing_bucket_is_named(make_store: MakeStore, moto_url: str, mode: str) -> None:
@@ -276,7 +303,7 @@ def test_a_state_created_without_a_snapshot_takes_its_id(io: IO) -> None:
 
 
 def test_a_second_writer_is_refused_not_overwritten(make_store: MakeStore, mode: str) -> None:
-    first, second = IO(make_store(), mode), IO(make_store(), mode)
+    first, second = IO(make_store(), mode), IO(separate_process(make_store()), mode)
     first.write("shared", entries(0, 2), small(2), create=True)
     assert second.read("shared") is not None  # the second process loads it
     first.write("shared", entries(2, 3), small(3, by="first"))
@@ -288,7 +315,7 @@ def test_a_second_writer_is_refused_not_overwritten(make_store: MakeStore, mode:
 def test_the_same_create_from_two_store_objects_has_one_winner(
     make_store: MakeStore, mode: str
 ) -> None:
-    first, second = IO(make_store(), mode), IO(make_store(), mode)
+    first, second = IO(make_store(), mode), IO(separate_process(make_store()), mode)
     first.write("race", entries(0, 2), small(2), create=True)
     with pytest.raises(StateExistsError, match="id 'race'"):
         second.write("race", entries(0, 2), small(2), create=True)
@@ -303,7 +330,7 @@ def test_a_lost_answer_of_the_stores_own_put_is_recognised(
     target = threading.local()
 
     def before(params: dict[str, Any], **kwargs: Any) -> None:
-        target.snapshot = params["url"].endswith("/snapshot.json")
+        target.snapshot = "/heads/" in params["url"]
 
     def after(**kwargs: Any) -> None:
         if getattr(target, "snapshot", False) and lost["left"]:
@@ -328,11 +355,18 @@ def test_a_lost_answer_of_the_stores_own_put_is_recognised(
     assert list(record.entries) == entries(0, 4) and small_of(record) == small(4)
 
 
-def test_orphans_of_a_killed_save_are_left_out_then_replaced(io: IO, s3: Any, bucket: str) -> None:
+def test_entries_no_head_names_are_never_read(io: IO, s3: Any, bucket: str) -> None:
+    # As a save killed before its head PUT leaves them: entry objects at the next seqs.
     io.write("orphan", entries(0, 2), small(2), create=True)
-    entry_key = next(k for k in keys(s3, bucket, "runs/orphan/") if k.endswith("0000000001.json"))
-    orphan_key = entry_key.replace("0000000001.json", "0000000003.json")
-    s3.put_object(Bucket=bucket, Key=orphan_key, Body=b'{"seq":3,"text":"from a killed save"}')
+    entry_key = next(k for k in entry_objects(s3, bucket, "orphan") if "/e0000000001." in k)
+    for seq in (2, 3):
+        orphan_key = entry_key.replace("/e0000000001.", f"/e000000000{seq}.")
+        s3.put_object(
+            Bucket=bucket,
+            Key=orphan_key,
+            Body=b'{"seq":%d,"text":"from a killed save"}' % seq,
+            Metadata={"alpineagents-s3": "entry"},
+        )
     assert list(io.read("orphan").entries) == entries(0, 2)
     io.write("orphan", entries(2, 4), small(4))
     assert list(io.read("orphan").entries) == entries(0, 4)
@@ -392,7 +426,7 @@ def test_delete_removes_every_object(io: IO, make_store: MakeStore, s3: Any, buc
     io.write("doomed", entries(0, 3), small(3), create=True)
     io.delete("doomed")
     assert io.read("doomed") is None
-    assert keys(s3, bucket, "runs/doomed/") == []
+    assert keys(s3, bucket, "runs/") == []
     io.write("doomed", entries(0, 1), small(1), create=True)  # the id is free again
 
 

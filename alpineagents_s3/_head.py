@@ -1,0 +1,207 @@
+"""The head: a State's one commit point (docs/protocol.md, invariant 1).
+
+A State is exactly what its head names: ``count`` entries, held in order by the ``parts`` (entry
+objects and segments), and the snapshot. :meth:`Head.decode` is the only reader of a head and
+checks all of that; :meth:`Head.encode` the only writer. Nothing else is ever read as part of a
+State.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from alpineagents_s3._codec import dumps, loads
+from alpineagents_s3._keys import Layout
+from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
+
+__all__ = ["FORMAT", "Head", "Part"]
+
+# The head's format. A newer one is refused with SchemaVersionError, never misread.
+FORMAT: Final = 1
+FORMAT_FIELD: Final = "alpineagents-s3"
+_WID: Final = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One object that holds entries of a State: an entry (``first == last``) or a segment.
+
+    Attributes:
+        first: The seq of its first entry.
+        last: The seq of its last entry.
+        wid: The save that wrote it (its key holds it).
+        kind: ``"e"`` for an entry object, ``"s"`` for a segment.
+        size: A segment's size in bytes (the head records it); ``0`` for an entry object.
+    """
+
+    first: int
+    last: int
+    wid: str
+    kind: str
+    size: int = 0
+
+    @property
+    def count(self) -> int:
+        """How many entries it holds."""
+        return self.last - self.first + 1
+
+    def key(self, layout: Layout, state_id: str, inc: str) -> str:
+        """Its key."""
+        if self.kind == "e":
+            return layout.entry_key(state_id, inc, self.first, self.wid)
+        return layout.segment_key(state_id, inc, self.first, self.last, self.wid)
+
+
+@dataclass(frozen=True)
+class Head:
+    """The decoded head of one State.
+
+    Attributes:
+        state_id: The State's id.
+        inc: Its incarnation: the wid of the save that created it.
+        write: The wid of the save that wrote this head.
+        rev: How many saves came before it since the State was created (0 for the create).
+        parts: The objects that hold entries ``0`` to ``count - 1``, in seq order.
+        snapshot: The snapshot (or info) dict, or ``None`` for a State created without one.
+    """
+
+    state_id: str
+    inc: str
+    write: str
+    rev: int
+    parts: tuple[Part, ...]
+    snapshot: dict[str, Any] | None
+
+    @property
+    def count(self) -> int:
+        """How many history entries the State has."""
+        return self.parts[-1].last + 1 if self.parts else 0
+
+    def keys(self, layout: Layout) -> list[str]:
+        """The keys of the parts, in seq order."""
+        return [part.key(layout, self.state_id, self.inc) for part in self.parts]
+
+    def covering(self, first: int, last: int) -> list[Part]:
+        """The parts that hold any of the entries ``first`` to ``last``."""
+        return [part for part in self.parts if part.last >= first and part.first <= last]
+
+    def but(self, **changes: Any) -> Head:
+        """A copy with ``changes``."""
+        return replace(self, **changes)
+
+    # Bytes ------------------------------------------------------------------------------
+
+    def encode(self) -> bytes:
+        """The head's body. A run of entry objects written by one save is one item."""
+        items: list[list[Any]] = []
+        for part in self.parts:
+            last = items[-1] if items else None
+            if (
+                part.kind == "e"
+                and last is not None
+                and last[3] == "e"
+                and last[2] == part.wid
+                and last[1] + 1 == part.first
+            ):
+                last[1] = part.last
+            elif part.kind == "e":
+                items.append([part.first, part.last, part.wid, "e"])
+            else:
+                items.append([part.first, part.last, part.wid, "s", part.size])
+        return dumps(
+            {
+                FORMAT_FIELD: FORMAT,
+                "id": self.state_id,
+                "inc": self.inc,
+                "write": self.write,
+                "rev": self.rev,
+                "count": self.count,
+                "parts": items,
+                "snapshot": self.snapshot,
+            },
+            f"the snapshot of State {self.state_id!r}",
+        )
+
+    @classmethod
+    def decode(cls, body: bytes, where: str, state_id: str) -> Head:
+        """Read a head, checking all of it; ``where`` names the object in errors."""
+        doc = loads(body, where)
+        if not isinstance(doc, dict) or FORMAT_FIELD not in doc:
+            raise CorruptStateError(f"{where} is not the head of an S3Store State")
+        version = doc[FORMAT_FIELD]
+        if type(version) is not int or version < 1:
+            raise CorruptStateError(f"{where} has the head format {version!r}")
+        if version > FORMAT:
+            raise SchemaVersionError(
+                f"{where} is a head of format {version}, newer than the installed "
+                f"alpineagents-s3 reads ({FORMAT}): upgrade alpineagents-s3 to read it"
+            )
+        if doc.get("id") != state_id:
+            raise CorruptStateError(
+                f"{where} is the head of State {doc.get('id')!r}, not {state_id!r}: it was "
+                "copied or damaged"
+            )
+        inc, write, rev = doc.get("inc"), doc.get("write"), doc.get("rev")
+        snapshot = doc.get("snapshot")
+        if not (_is_wid(inc) and _is_wid(write) and type(rev) is int and rev >= 0) or not (
+            snapshot is None or type(snapshot) is dict
+        ):
+            raise CorruptStateError(f"{where} is a damaged head: its inc, write, rev or snapshot")
+        parts = tuple(_parts(doc.get("parts"), where))
+        head = cls(state_id, str(inc), str(write), rev, parts, snapshot)
+        if doc.get("count") != head.count:
+            raise CorruptStateError(
+                f"{where} is a damaged head: it counts {doc.get('count')!r} entries, its parts "
+                f"hold {head.count}"
+            )
+        return head
+
+
+def _is_wid(value: object) -> bool:
+    return isinstance(value, str) and bool(_WID.fullmatch(value))
+
+
+def _parts(items: object, where: str) -> Iterator[Part]:
+    """The parts a head lists, runs of entry objects expanded; they must tile 0 to count - 1."""
+    if not isinstance(items, list):
+        raise CorruptStateError(f"{where} is a damaged head: its parts are not a list")
+    expected = 0
+    for item in items:
+        if not (
+            isinstance(item, list)
+            and len(item) == (4 if item[3:4] == ["e"] else 5)
+            and all(type(n) is int for n in item[:2])
+            and _is_wid(item[2])
+            and item[3] in ("e", "s")
+            and (item[3] == "e" or (type(item[4]) is int and item[4] >= 2))
+            and item[0] == expected
+            and item[1] >= item[0]
+        ):
+            raise CorruptStateError(
+                f"{where} is a damaged head: its part {item!r} does not continue at entry "
+                f"{expected}"
+            )
+        first, last, wid, kind = item[:4]
+        if kind == "e":
+            yield from (Part(seq, seq, wid, "e") for seq in range(first, last + 1))
+        else:
+            yield Part(first, last, wid, "s", item[4])
+        expected = last + 1
+
+
+def parts_of(entries: Iterable[int], wid: str) -> list[Part]:
+    """The entry objects a save ``wid`` writes for the seqs ``entries``."""
+    return [Part(seq, seq, wid, "e") for seq in entries]
+
+
+def tile(parts: Sequence[Part]) -> bool:
+    """Whether ``parts`` hold the entries 0 to n - 1 in order, each once."""
+    expected = 0
+    for part in parts:
+        if part.first != expected or part.last < part.first:
+            return False
+        expected = part.last + 1
+    return True

@@ -1,0 +1,145 @@
+"""Listing States: one LIST of ``heads/``, then a GET of each head (docs/protocol.md, "List").
+
+The listing is used as a set (invariant 10). Each summary is the installed core's own, made from
+the head's snapshot. A head deleted between the LIST and its GET is left out; one that cannot be
+read is named in :class:`~alpineagents_s3.errors.IncompleteListError`, which still holds every
+summary that was read.
+
+With ``limit=k`` the heads are fetched newest first by ``LastModified`` (the time of their last
+save), and the list stops when the k newest ``updated_at`` found are no older than the
+``LastModified`` of the next head: a save's ``updated_at`` is never later than the PUT of its
+head, so no head not fetched can be newer. That is k GETs when clocks agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from alpineagents_s3._codec import validate_id
+from alpineagents_s3._contract import Summary, newest_first, summarize
+from alpineagents_s3._head import Head
+from alpineagents_s3._keys import fail, list_all
+from alpineagents_s3._memory import Ctx
+from alpineagents_s3._steps import Steps, error_code, send
+from alpineagents_s3._translate import NOT_FOUND_CODES, translate
+from alpineagents_s3.errors import (
+    CorruptStateError,
+    IncompleteListError,
+    S3StoreError,
+    SchemaVersionError,
+)
+
+__all__ = ["StoredObject", "list_states", "objects"]
+
+_EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
+    """The summaries of the store's States, most recently updated first (``limit``: the newest)."""
+    layout = ctx.layout
+    listed = yield from list_all(layout, layout.heads)
+    candidates: list[tuple[datetime, str]] = []
+    for obj in listed:
+        state_id = layout.id_of_head(obj["Key"])
+        if state_id is not None:  # anything else in heads/ is not a head's name: not ours
+            candidates.append((_as_utc(obj.get("LastModified")), state_id))
+    candidates.sort(reverse=True)
+    found: list[Summary] = []
+    failed: dict[str, S3StoreError] = {}
+    while candidates:
+        if limit is None:
+            wave, candidates = candidates, []
+        else:
+            if len(found) >= limit and _newest(found, limit) >= candidates[0][0]:
+                break
+            size = max(limit - len(found), 1)
+            wave, candidates = candidates[:size], candidates[size:]
+        ids = [state_id for _, state_id in wave]
+        outcomes = yield from send([layout.get(layout.head_key(i)) for i in ids], layout.root)
+        for state_id, outcome in zip(ids, outcomes, strict=True):
+            key = layout.head_key(state_id)
+            if isinstance(outcome, Exception):
+                if error_code(outcome) not in NOT_FOUND_CODES:  # not found: deleted meanwhile
+                    failed[state_id] = translate(outcome, layout.where("GetObject", key))
+                continue
+            try:
+                head = Head.decode(outcome["Body"], layout.url(key), state_id)
+                if head.snapshot is not None:  # a State created without one: listed once it has
+                    found.append(_summary(state_id, head.snapshot, layout.url(key)))
+            except S3StoreError as e:
+                failed[state_id] = e
+    summaries = newest_first(found)
+    if limit is not None:
+        summaries = summaries[:limit]
+    if failed:
+        raise IncompleteListError(layout.url(layout.heads), summaries, failed)
+    return summaries
+
+
+def _summary(state_id: str, snapshot: dict[str, Any], where: str) -> Summary:
+    """The core's summary; what the core refuses is a damaged head."""
+    try:
+        return summarize(state_id, snapshot)
+    except S3StoreError:
+        raise
+    except Exception as e:
+        kind = SchemaVersionError if type(e).__name__ == "SchemaVersionError" else CorruptStateError
+        raise kind(f"{where}: the installed alpineagents cannot summarise it: {e}") from e
+
+
+def _newest(found: list[Summary], limit: int) -> datetime:
+    """The ``updated_at`` of the ``limit``-th newest summary found (a missing one is oldest)."""
+    return sorted((_as_utc(getattr(s, "updated_at", None)) for s in found), reverse=True)[limit - 1]
+
+
+def _as_utc(value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        return _EPOCH
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object of a State, as ``S3Store.objects()`` reports it.
+
+    Attributes:
+        key: Its key.
+        size: Its size in bytes.
+        role: ``"head"``, ``"entry"`` or ``"segment"`` when the head names it; ``"unnamed"``
+            for an object under the State's folder that no head names (left by a save that
+            died or lost a race: ``sweep`` removes it).
+        modified: When it was written, as S3 says.
+    """
+
+    key: str
+    size: int
+    role: str
+    modified: datetime | None
+
+
+def objects(ctx: Ctx, state_id: str) -> Steps[list[StoredObject]]:
+    """The steps of ``objects``: the head and everything under the State's folder, by key."""
+    layout = ctx.layout
+    validate_id(state_id)
+    listed = yield from list_all(layout, layout.state_folder(state_id))
+    head_key = layout.head_key(state_id)
+    (outcome,) = yield from send([layout.get(head_key)], layout.root)
+    roles: dict[str, str] = {}
+    found: list[StoredObject] = []
+    if isinstance(outcome, dict):
+        head = Head.decode(outcome["Body"], layout.url(head_key), state_id)
+        roles = {
+            part.key(layout, state_id, head.inc): "entry" if part.kind == "e" else "segment"
+            for part in head.parts
+        }
+        found.append(
+            StoredObject(head_key, len(outcome["Body"]), "head", outcome.get("LastModified"))
+        )
+    elif error_code(outcome) not in NOT_FOUND_CODES:
+        fail(layout, outcome, "GetObject", head_key)
+    for obj in listed:
+        role = roles.get(obj["Key"], "unnamed")
+        found.append(StoredObject(obj["Key"], int(obj["Size"]), role, obj.get("LastModified")))
+    return sorted(found, key=lambda o: o.key)

@@ -1,0 +1,173 @@
+"""What this process knows of the States it read or wrote, shared by every equal store object.
+
+A save is conditional on the head this *process* last read or wrote (docs/protocol.md, save step
+2): two S3Store objects on the same endpoint, bucket and prefix are the same store, so what one
+of them saw is what the other saves on. Also kept here: the lock each State's saves and deletes
+hold, the bodies of parts read or written (parts never change, so a body kept is never stale),
+and the endpoints whose conditional writes were checked.
+
+A process forked from this one starts with a copy: it is another process, and a save of one of
+them is refused to the other as a second writer's, as it must be.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from alpineagents_s3._head import Head
+from alpineagents_s3._keys import Layout
+from alpineagents_s3._lock import HandoffLock, LockRegistry
+
+__all__ = ["MEMORY", "Bodies", "Ctx", "Memory", "Seen"]
+
+# The bodies kept, in bytes: enough for a long State's segments, little for a small function.
+BODIES_LIMIT: Final = 64 * 1024 * 1024
+
+Scope = tuple[str, str, str]  # (endpoint, bucket, prefix): one store
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the process knows of one State.
+
+    Attributes:
+        head: The head it last read or wrote (``None``: none yet, or the State was deleted).
+        etag: That head's ETag.
+        unsure: The wids of head PUTs whose answer never came: a head holding one is its own.
+    """
+
+    head: Head | None = None
+    etag: str | None = None
+    unsure: frozenset[str] = frozenset()
+
+
+class Bodies:
+    """The bodies of parts, least recently used dropped first beyond a size in bytes."""
+
+    def __init__(self, limit: int = BODIES_LIMIT) -> None:
+        self._limit = limit
+        self._size = 0
+        self._kept: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def get(self, bucket: str, key: str) -> bytes | None:
+        """The body kept for ``key``, or ``None``."""
+        with self._guard:
+            body = self._kept.get((bucket, key))
+            if body is not None:
+                self._kept.move_to_end((bucket, key))
+            return body
+
+    def put(self, bucket: str, key: str, body: bytes) -> None:
+        """Keep ``body`` (a body larger than the limit is not kept)."""
+        if len(body) > self._limit:
+            return
+        with self._guard:
+            old = self._kept.pop((bucket, key), None)
+            self._size += len(body) - (len(old) if old is not None else 0)
+            self._kept[(bucket, key)] = body
+            while self._size > self._limit:
+                _, dropped = self._kept.popitem(last=False)
+                self._size -= len(dropped)
+
+    def drop(self, bucket: str, keys: list[str]) -> None:
+        """Forget the bodies of ``keys`` (deleted objects)."""
+        with self._guard:
+            for key in keys:
+                old = self._kept.pop((bucket, key), None)
+                if old is not None:
+                    self._size -= len(old)
+
+
+@dataclass
+class Memory:
+    """One process's knowledge of States (see the module); :data:`MEMORY` is the process's."""
+
+    bodies: Bodies = field(default_factory=Bodies)
+    checked: set[tuple[str, str]] = field(default_factory=set)  # (endpoint, bucket) checked
+    _seen: dict[tuple[Scope, str], Seen] = field(default_factory=dict)
+    _locks: LockRegistry = field(default_factory=LockRegistry)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        # A child forked while a thread held a lock would wait for it forever.
+        if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._locks = LockRegistry()
+        self._guard = threading.Lock()
+
+    def lock(self, scope: Scope, state_id: str) -> HandoffLock:
+        """The lock the saves and deletes of one State hold in this process."""
+        return self._locks.get(f"{scope}\0{state_id}")
+
+    def seen(self, scope: Scope, state_id: str) -> Seen:
+        """What the process knows of a State."""
+        with self._guard:
+            return self._seen.get((scope, state_id), Seen())
+
+    def wrote(self, scope: Scope, state_id: str, head: Head, etag: str) -> None:
+        """A save committed ``head``: it is the base from now on."""
+        with self._guard:
+            seen = self._seen.get((scope, state_id), Seen())
+            self._seen[(scope, state_id)] = replace(seen, head=head, etag=etag)
+
+    def read(self, scope: Scope, state_id: str, head: Head, etag: str) -> None:
+        """A load read ``head``: the base from now on, unless the process knows a later one.
+
+        A load that ran beside a save of this process may have read the head that save
+        replaced; the base never goes back (``rev``), only to another incarnation.
+        """
+        with self._guard:
+            seen = self._seen.get((scope, state_id), Seen())
+            known = seen.head
+            if known is None or known.inc != head.inc or head.rev >= known.rev:
+                self._seen[(scope, state_id)] = replace(seen, head=head, etag=etag)
+
+    def unsure(self, scope: Scope, state_id: str, wid: str) -> None:
+        """A head PUT of the save ``wid`` ended without a clear answer."""
+        with self._guard:
+            seen = self._seen.get((scope, state_id), Seen())
+            self._seen[(scope, state_id)] = replace(seen, unsure=seen.unsure | {wid})
+
+    def settled(self, scope: Scope, state_id: str) -> None:
+        """The head was read after unsure PUTs: whether they landed is known now."""
+        with self._guard:
+            seen = self._seen.get((scope, state_id))
+            if seen is not None:
+                self._seen[(scope, state_id)] = replace(seen, unsure=frozenset())
+
+    def forget(self, scope: Scope, state_id: str) -> None:
+        """The State is gone (deleted, or not found): nothing is known of it."""
+        with self._guard:
+            self._seen.pop((scope, state_id), None)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What an operation of one store needs: its keys, the memory and its scope in it.
+
+    Attributes:
+        layout: The store's keys and calls.
+        memory: The process's memory (:data:`MEMORY`).
+        scope: The store's identity: (endpoint, bucket, prefix).
+        trust: Skip the engine check (``trust_conditional_writes=True``).
+    """
+
+    layout: Layout
+    memory: Memory
+    scope: Scope
+    trust: bool = False
+
+    def seen(self, state_id: str) -> Seen:
+        """What the process knows of a State of this store."""
+        return self.memory.seen(self.scope, state_id)
+
+
+#: The process's memory: every S3Store object uses it (``testing.separate_process`` aside).
+MEMORY: Final = Memory()

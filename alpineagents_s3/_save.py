@@ -1,0 +1,341 @@
+"""A save: new entry objects (and a segment when it packs), then the head (the commit).
+
+docs/protocol.md, "Save", steps 1 to 6; invariants 2 to 7. In short: everything is checked
+before a request; the base is the head this process last read or wrote; entries the base has
+must be the stored ones; batch 1 writes the new parts, batch 2 the head with ``If-Match`` on the
+base (``If-None-Match: *`` for a create); a 412 is this save's own commit only if the stored head
+holds this save's wid; objects packed away are deleted after the commit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from alpineagents_s3 import _pack
+from alpineagents_s3._codec import dumps, join, loads_parts, validate_id
+from alpineagents_s3._engine import Probe
+from alpineagents_s3._head import Head, Part
+from alpineagents_s3._keys import fail, new_wid
+from alpineagents_s3._load import MissingPartError, fetch, get_head
+from alpineagents_s3._memory import Ctx
+from alpineagents_s3._steps import Call, Hold, Outcome, Steps, error_code, send
+from alpineagents_s3._translate import NOT_FOUND_CODES, PRECONDITION_CODES
+from alpineagents_s3.errors import (
+    ConcurrentWriteError,
+    CorruptStateError,
+    S3StoreError,
+    StateExistsError,
+    StateNotFoundError,
+)
+
+__all__ = ["Entry", "encode", "write"]
+
+logger = logging.getLogger("alpineagents_s3")
+
+# Saves begun again after finding that an earlier save of this process, thought lost, landed.
+_AGAIN: Final = 2
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One history entry to save: its seq and its body."""
+
+    seq: int
+    body: bytes
+
+
+def encode(state_id: str, entries: Sequence[Mapping[str, Any]]) -> list[Entry]:
+    """The entries as bodies, in seq order; step 1: nothing is sent if this raises.
+
+    Raises ``ValueError`` for an entry without a whole ``seq`` ≥ 0, seqs that repeat or leave a
+    gap, and values JSON cannot hold (``TypeError`` for a type it cannot hold).
+    """
+    found: list[Entry] = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            raise TypeError(
+                f"a history entry of State {state_id!r} is a dict, not {type(entry).__name__}"
+            )
+        seq = entry.get("seq")
+        if type(seq) is not int or seq < 0:
+            raise ValueError(
+                f"a history entry of State {state_id!r} has the seq {seq!r}: a seq is a whole "
+                "number >= 0"
+            )
+        found.append(Entry(seq, dumps(entry, f"history entry {seq} of State {state_id!r}")))
+    found.sort(key=lambda e: e.seq)
+    for before, after in itertools.pairwise(found):
+        if after.seq != before.seq + 1:
+            raise ValueError(
+                f"the history entries of State {state_id!r} sent to be saved go from "
+                f"{before.seq} to {after.seq}: they must follow one another"
+            )
+    return found
+
+
+def write(
+    ctx: Ctx,
+    state_id: str,
+    entries: Sequence[Mapping[str, Any]],
+    snapshot: Mapping[str, Any] | None,
+    create: bool,
+) -> Steps[None]:
+    """The steps of one save (``Store.write``)."""
+    validate_id(state_id)
+    new = encode(state_id, entries)
+    if snapshot is not None:
+        dumps(snapshot, f"the snapshot of State {state_id!r}")  # refused before any request
+    if create and new and new[0].seq != 0:
+        raise ValueError(
+            f"a new State's history begins at entry 0; State {state_id!r} was sent {new[0].seq}"
+        )
+    yield Hold(ctx.memory.lock(ctx.scope, state_id))  # released by the driver at the end
+    for _ in range(_AGAIN):
+        done = yield from _save(ctx, state_id, new, snapshot, create)
+        if done == "saved":
+            return
+        create = create and done != "landed"  # our own create landed: this save updates it
+    raise ConcurrentWriteError(
+        f"State {state_id!r} in {ctx.layout.url(ctx.layout.head_key(state_id))} kept changing "
+        "while it was saved: load it again"
+    )
+
+
+def _save(
+    ctx: Ctx,
+    state_id: str,
+    new: list[Entry],
+    snapshot: Mapping[str, Any] | None,
+    create: bool,
+) -> Steps[str]:
+    """One attempt of a save, and how it ended.
+
+    ``"saved"``; ``"landed"``: an earlier save of this process, thought lost, had landed (it is
+    the base now); ``"again"``: a create found the id freed meanwhile.
+    """
+    layout, memory = ctx.layout, ctx.memory
+    key = layout.head_key(state_id)
+    wid = new_wid()
+    base: Head | None = None
+    etag: str | None = None
+    if not create:
+        seen = ctx.seen(state_id)
+        base, etag = seen.head, seen.etag
+        if base is None or seen.unsure:  # step 2: no base, or the last head PUT is unsure
+            got = yield from get_head(ctx, state_id)
+            if got is None:
+                memory.forget(ctx.scope, state_id)
+                raise _not_found(ctx, state_id)
+            base, etag = got
+            memory.read(ctx.scope, state_id, base, etag)
+            memory.settled(ctx.scope, state_id)
+        fresh = yield from _new_entries(ctx, base, etag, new)
+        if not fresh and (snapshot is None or _same(snapshot, base.snapshot)):
+            return "saved"  # nothing new: nothing is sent
+    else:
+        fresh = new
+    bodies = {Part(e.seq, e.seq, wid, "e"): e.body for e in fresh}
+    parts = (base.parts if base is not None else ()) + tuple(bodies)
+    packing, sources = yield from _packing(ctx, base, parts, bodies, wid)
+    head = Head(
+        state_id=state_id,
+        inc=wid if base is None else base.inc,
+        write=wid,
+        rev=0 if base is None else base.rev + 1,
+        parts=packing.parts if packing is not None else parts,
+        snapshot=dict(snapshot) if snapshot is not None else base.snapshot if base else None,
+    )
+    writes = {
+        part.key(layout, state_id, head.inc): (body, "entry") for part, body in bodies.items()
+    }
+    if packing is not None:
+        for segment, joined_parts in packing.segments:
+            joined = join([sources[part] for part in joined_parts])
+            writes[segment.key(layout, state_id, head.inc)] = (joined, "segment")
+    checked = ctx.trust or (layout.endpoint, layout.bucket) in memory.checked
+    probe = None if checked else Probe(layout)
+
+    # Batch 1: the new parts (invariants 2, 3), and the engine check's first request.
+    calls = [layout.put(k, body, role) for k, (body, role) in writes.items()]
+    outcomes = yield from send(calls + ([probe.create()] if probe else []), layout.root)
+    cleanup = yield from _check_engine(probe, outcomes[-1] if probe else None)
+    for k, outcome in zip(writes, outcomes, strict=False):
+        # A 412 at a key holding this save's wid is this save's PUT, answered twice.
+        if isinstance(outcome, Exception) and error_code(outcome) not in PRECONDITION_CODES:
+            if cleanup:
+                yield from send(cleanup, layout.root)
+            fail(layout, outcome, "PutObject", k, "If-None-Match: *")
+
+    # Batch 2: the head, conditional on the base (invariant 4).
+    condition = "If-None-Match: *" if base is None else f"If-Match: {etag}"
+    put = layout.put(key, head.encode(), "head", if_match=etag if base is not None else None)
+    outcome, *_ = yield from send([put, *cleanup], layout.root)
+    if probe is not None:
+        memory.checked.add((layout.endpoint, layout.bucket))
+    if isinstance(outcome, Exception):
+        code = error_code(outcome)
+        if code in PRECONDITION_CODES:
+            got = yield from get_head(ctx, state_id)
+            if got is not None and got[0].write == wid:  # its own, answered twice (invariant 5)
+                outcome = {"ETag": got[1]}
+            elif got is not None and got[0].write in ctx.seen(state_id).unsure:
+                memory.read(ctx.scope, state_id, *got)  # an earlier save of ours landed late
+                memory.settled(ctx.scope, state_id)
+                return "landed"
+            elif got is None and base is None:
+                return "again"  # a create that lost to a State deleted since
+            elif got is None:
+                memory.forget(ctx.scope, state_id)
+                raise _not_found(ctx, state_id)
+            elif base is None:
+                raise StateExistsError(
+                    f"a State with id {state_id!r} already exists in "
+                    f"{layout.url(key)}: continue it with store.load({state_id!r}), or pick "
+                    "another id"
+                )
+            else:
+                raise _conflict(ctx, state_id, "another writer saved it first")
+        elif code in NOT_FOUND_CODES and base is not None:  # If-Match on a deleted head
+            memory.forget(ctx.scope, state_id)
+            raise _not_found(ctx, state_id)
+        else:
+            memory.unsure(ctx.scope, state_id, wid)
+            fail(layout, outcome, "PutObject", key, condition)
+    memory.wrote(ctx.scope, state_id, head, str(outcome["ETag"]))
+    for k, (body, _) in writes.items():
+        memory.bodies.put(layout.bucket, k, body)
+    if packing is not None:  # step 6: after the commit (invariant 7)
+        yield from _drop(ctx, state_id, head.inc, packing.replaced)
+    return "saved"
+
+
+def _check_engine(probe: Probe | None, created: Outcome | None) -> Steps[list[Call]]:
+    """The engine check around batch 1 (invariant 11); the probe's deletes, for batch 2."""
+    if probe is None:
+        return []
+    try:
+        assert created is not None
+        probe.created(created)
+        yield from probe.test()
+    except S3StoreError:
+        yield from send(probe.cleanup(), probe.layout.root)
+        raise
+    if probe.problems:
+        yield from send(probe.cleanup(), probe.layout.root)
+        probe.verdict()
+    return probe.cleanup()
+
+
+def _same(snapshot: Mapping[str, Any], stored: dict[str, Any] | None) -> bool:
+    """Whether a snapshot is byte for byte the stored one."""
+    try:
+        return dumps(snapshot, "") == dumps(stored, "")
+    except (TypeError, ValueError):  # a stored value this store would not write: not the same
+        return False
+
+
+def _new_entries(ctx: Ctx, base: Head, etag: str | None, new: list[Entry]) -> Steps[list[Entry]]:
+    """Step 3: the entries the base lacks; a re-sent one must be the stored one (invariant 6)."""
+    count = base.count
+    fresh = [e for e in new if e.seq >= count]
+    if fresh and fresh[0].seq != count:
+        raise _conflict(
+            ctx,
+            base.state_id,
+            f"the save continues from entry {fresh[0].seq}, but the State has {count} entries",
+        )
+    again = [e for e in new if e.seq < count]
+    if not again:
+        return fresh
+    parts = base.covering(again[0].seq, again[-1].seq)
+    try:
+        bodies = yield from fetch(ctx, base, parts)
+    except MissingPartError as e:
+        got = yield from get_head(ctx, base.state_id)
+        if got is None or got[1] != etag:
+            raise _conflict(ctx, base.state_id, "it changed while the save read it") from None
+        raise CorruptStateError(
+            f"{ctx.layout.url(e.key)} is missing: the State is damaged"
+        ) from None
+    layout = ctx.layout
+    stored = loads_parts(
+        [
+            (bodies[p], p.first, p.last, p.kind, p.key(layout, base.state_id, base.inc))
+            for p in parts
+        ],
+        layout.url,
+    )
+    by_seq = {entry["seq"]: entry for entry in stored}
+    for entry in again:
+        if dumps(by_seq[entry.seq], "") != entry.body:
+            raise _conflict(
+                ctx, base.state_id, f"its entry {entry.seq} is not the one this save sends again"
+            )
+    return fresh
+
+
+def _packing(
+    ctx: Ctx, base: Head | None, parts: tuple[Part, ...], bodies: dict[Part, bytes], wid: str
+) -> Steps[tuple[_pack.Plan | None, dict[Part, bytes]]]:
+    """The packing of this save (``bodies``: its new entries), and the bodies it joins."""
+    held = ctx.memory.bodies
+    layout = ctx.layout
+
+    def size(part: Part) -> int | None:
+        if part in bodies:
+            return len(bodies[part])
+        assert base is not None
+        body = held.get(layout.bucket, part.key(layout, base.state_id, base.inc))
+        return None if body is None else len(body)
+
+    packing = _pack.plan(parts, size, wid)
+    if packing is None:
+        return None, {}
+    wanted = {source for _, joined in packing.segments for source in joined}
+    sources = {part: bodies[part] for part in wanted if part in bodies}
+    old = [part for part in wanted if part not in bodies]
+    if old:
+        assert base is not None
+        try:
+            sources.update((yield from fetch(ctx, base, old)))
+        except (
+            MissingPartError
+        ):  # the base moved on: this save will not commit, so it packs nothing
+            return None, {}
+    return packing, sources
+
+
+def _drop(ctx: Ctx, state_id: str, inc: str, parts: Sequence[Part]) -> Steps[None]:
+    """Delete the parts a committed head no longer names; failures are left to ``sweep``."""
+    layout = ctx.layout
+    keys = [part.key(layout, state_id, inc) for part in parts]
+    outcomes = yield from send(layout.delete_many([(k, None) for k in keys]), layout.root)
+    for outcome in outcomes:
+        errors = outcome.get("Errors", ()) if isinstance(outcome, dict) else ("request",)
+        if errors:
+            logger.warning(
+                "could not delete %d objects of State %s packed away (sweep removes them): %s",
+                len(errors),
+                state_id,
+                outcome if isinstance(outcome, Exception) else errors,
+            )
+    ctx.memory.bodies.drop(layout.bucket, keys)
+
+
+def _conflict(ctx: Ctx, state_id: str, why: str) -> ConcurrentWriteError:
+    return ConcurrentWriteError(
+        f"State {state_id!r} in {ctx.layout.url(ctx.layout.head_key(state_id))} was saved by "
+        f"another writer since this process last read or wrote it ({why}); nothing of this "
+        f"save was kept. Load it again (store.load({state_id!r})) and continue that copy"
+    )
+
+
+def _not_found(ctx: Ctx, state_id: str) -> StateNotFoundError:
+    return StateNotFoundError(
+        f"no State with id {state_id!r} in {ctx.layout.url(ctx.layout.root)}: it was deleted "
+        "(or never saved); nothing of this save was kept"
+    )
