@@ -1,28 +1,40 @@
 """Deleting a State, and erasing every version of it (docs/protocol.md, "Delete").
 
-The head goes first: from then on the State does not exist, for every reader and writer. Then
-every object under ``states/<id>/`` that the store can prove it wrote (invariant 9): named by
-the head it read, or marked in its metadata (a HEAD for each object not named). A stranger's
-object is left and reported. With ``purge=True`` on a versioned bucket, every version and delete
-marker of those keys and of the head goes too. A delete that fails part way raises; run again, it
-removes what is left.
+The delete marks the incarnation it deletes with a tombstone object in its folder, then deletes
+the head: from then on the State does not exist, for every reader and writer, and no head can
+name that incarnation again (invariant 9's rule for what may be deleted: a tombstoned
+incarnation no head names is dead). Then every object in the folder of a dead incarnation that
+the store can prove it wrote: named by the head it read, or marked in its metadata (a HEAD for
+each object not named); the tombstone last. A stranger's object is left and reported. An
+incarnation folder without a head and without a tombstone may be a create under way: ``sweep``
+removes it once it is old. With ``purge=True`` on a versioned bucket, every version and delete
+marker of the keys removed goes too. A delete that fails part way raises; run again, it finds
+the tombstone and removes what is left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from alpineagents_s3._codec import validate_id
-from alpineagents_s3._keys import MARK, PAGE, Layout, fail, list_all
+from alpineagents_s3._keys import MARK, PAGE, ROLES, TOMBSTONE, Layout, fail, list_all
 from alpineagents_s3._load import get_head
 from alpineagents_s3._memory import Ctx
 from alpineagents_s3._steps import Call, Hold, Steps, error_code, send
-from alpineagents_s3._translate import ACCESS_CODES, NOT_FOUND_CODES, Fault, translate_fault
+from alpineagents_s3._translate import (
+    ACCESS_CODES,
+    NOT_FOUND_CODES,
+    PRECONDITION_CODES,
+    Fault,
+    translate_fault,
+)
 from alpineagents_s3.errors import S3AccessDeniedError, S3StoreError
 
 __all__ = ["Deleted", "delete", "marked", "remove"]
+
+_TOMBSTONE_BODY = b'{"alpineagents-s3":"deleted"}'
 
 
 @dataclass(frozen=True)
@@ -33,7 +45,8 @@ class Deleted:
         state_id: The State.
         objects: Objects deleted (the head, entries, segments, leftovers).
         versions: Older versions and delete markers removed (``purge=True``).
-        kept: Keys under the State's folder left because the store did not write them.
+        kept: Keys under the State's folder that were left: not written by S3Store, or of a
+            create that may still be under way (``sweep`` removes those once a day old).
     """
 
     state_id: str
@@ -46,35 +59,46 @@ class Deleted:
         if self.versions:
             text += f", {self.versions} older versions and delete markers"
         if self.kept:
-            text += f"; kept {len(self.kept)} objects S3Store did not write: {', '.join(self.kept)}"
+            text += f"; kept {len(self.kept)} objects: {', '.join(self.kept)}"
         return text
 
 
 def delete(ctx: Ctx, state_id: str, purge: bool) -> Steps[Deleted | None]:
-    """The steps of ``delete``: ``None`` when there was nothing of the State at all."""
+    """The steps of ``delete``: ``None`` when there was nothing of the State to delete."""
     validate_id(state_id)
     layout = ctx.layout
     yield Hold(ctx.memory.lock(ctx.scope, state_id))
     head_key = layout.head_key(state_id)
     got = yield from get_head(ctx, state_id)
-    named = {head_key}
-    if got is not None:
-        named.update(got[0].keys(layout))
+    named = set()
+    if got is not None:  # mark the incarnation dead, then delete the head: the commit
+        head = got[0]
+        named = {head_key, *head.keys(layout)}
+        tombstone = layout.tombstone_key(state_id, head.inc)
+        (outcome,) = yield from send([layout.put(tombstone, _TOMBSTONE_BODY, "tombstone")], "")
+        if isinstance(outcome, Exception) and error_code(outcome) not in PRECONDITION_CODES:
+            fail(layout, outcome, "PutObject", tombstone)  # 412: a killed delete put it
         (outcome,) = yield from send([layout.delete(head_key)], layout.root)
         if isinstance(outcome, Exception) and error_code(outcome) not in NOT_FOUND_CODES:
             fail(layout, outcome, "DeleteObject", head_key)
-    ctx.memory.forget(ctx.scope, state_id)
-    listed = yield from list_all(layout, layout.state_folder(state_id))
-    keys = [obj["Key"] for obj in listed]
-    ours, kept = yield from marked(ctx, keys, named)
+    listed = [obj["Key"] for obj in (yield from list_all(layout, layout.state_folder(state_id)))]
+    folders = {key: layout.folder_of(key) for key in listed}
+    dead = {folder[1] for key, folder in folders.items() if folder and key.endswith(TOMBSTONE)}
+    if got is not None:
+        dead.add(got[0].inc)
+    tombstones = [layout.tombstone_key(state_id, inc) for inc in sorted(dead)]
+    doomed = [k for k, folder in folders.items() if folder and folder[1] in dead]
+    ours, kept = yield from marked(ctx, [k for k in doomed if k not in tombstones], named)
     yield from remove(layout, [(key, None) for key in ours])
+    yield from remove(layout, [(key, None) for key in tombstones])  # last: dead until then
     ctx.memory.bodies.drop(layout.bucket, ours)
     versions = 0
     if purge:
-        versions = yield from _purge(ctx, state_id, set(ours) | named, set(kept))
+        versions = yield from _purge(ctx, state_id, dead, set(kept))
     if got is None and not ours and not versions:
         return None
-    return Deleted(state_id, len(ours) + (got is not None), versions, tuple(sorted(kept)))
+    waiting = [k for k in listed if k not in doomed]
+    return Deleted(state_id, len(ours) + (got is not None), versions, tuple(sorted(kept + waiting)))
 
 
 def marked(ctx: Ctx, keys: Sequence[str], named: set[str]) -> Steps[tuple[list[str], list[str]]]:
@@ -95,21 +119,21 @@ def marked(ctx: Ctx, keys: Sequence[str], named: set[str]) -> Steps[tuple[list[s
 
 def _is_marked(response: dict[str, Any]) -> bool:
     metadata = {k.lower(): v for k, v in (response.get("Metadata") or {}).items()}
-    return metadata.get(MARK) in {"head", "entry", "segment", "probe"}
+    return metadata.get(MARK) in ROLES
 
 
 def remove(layout: Layout, keys: Sequence[tuple[str, str | None]]) -> Steps[None]:
     """DeleteObjects of ``(key, version)`` pairs; any key not deleted raises, naming it."""
+    chunks = [keys[start : start + PAGE] for start in range(0, len(keys), PAGE)]
     outcomes = yield from send(layout.delete_many(keys), layout.root)
-    for chunk, outcome in zip(_chunks(keys), outcomes, strict=True):
+    for chunk, outcome in zip(chunks, outcomes, strict=True):
         if isinstance(outcome, Exception):
             fail(layout, outcome, "DeleteObjects", chunk[0][0])
         errors = [e for e in outcome.get("Errors", ()) if e.get("Code") not in NOT_FOUND_CODES]
         if errors:
             first = errors[0]
             fault = Fault(str(first.get("Code")), None, str(first.get("Message", "")))
-            where = layout.where("DeleteObjects", str(first.get("Key")))
-            error = translate_fault(fault, where)
+            error = translate_fault(fault, layout.where("DeleteObjects", str(first.get("Key"))))
             if first.get("Code") in ACCESS_CODES and any(v for _, v in chunk):
                 error = S3AccessDeniedError(
                     f"{error} The bucket {layout.bucket!r} refused to delete object versions: "
@@ -117,49 +141,51 @@ def remove(layout: Layout, keys: Sequence[tuple[str, str | None]]) -> Steps[None
                     "Nothing is erased while it protects them"
                 )
             raise S3StoreError(
-                f"{len(errors)} of {len(chunk)} objects were not deleted ({error}); nothing "
-                "deleted is back: run the delete again"
+                f"{len(errors)} of {len(chunk)} objects were not deleted ({error}): run the "
+                "delete again"
             ) from error
 
 
-def _chunks(keys: Sequence[tuple[str, str | None]]) -> Iterable[Sequence[tuple[str, str | None]]]:
-    return [keys[start : start + PAGE] for start in range(0, len(keys), PAGE)]
-
-
-def _purge(ctx: Ctx, state_id: str, ours: set[str], kept: set[str]) -> Steps[int]:
-    """Remove every older version and delete marker of the State's keys; how many."""
+def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int]:
+    """Remove every version and delete marker of the dead incarnations and of the old heads."""
     layout = ctx.layout
     (status,) = yield from send(
         [Call("get_bucket_versioning", {"Bucket": layout.bucket})], layout.root
     )
     if isinstance(status, dict) and status.get("Status") not in ("Enabled", "Suspended"):
-        return 0  # never versioned: a plain delete leaves nothing
+        return 0  # never versioned: the plain delete left nothing
+    found = []
+    for inc in sorted(dead):  # keys the store names, in folders of incarnations it deleted
+        found += [
+            v
+            for v in (yield from _versions(layout, layout.inc_folder(state_id, inc)))
+            if (layout.part_name(v[0]) or v[0].endswith(TOMBSTONE)) and v[0] not in kept
+        ]
     head_key = layout.head_key(state_id)
-    found = yield from _versions(layout, layout.state_folder(state_id))
-    found += [v for v in (yield from _versions(layout, head_key)) if v[0] == head_key]
-    unproven = sorted({key for key, _, marker in found if not marker} - ours - kept)
-    for key in unproven:  # older versions of keys no head named: the mark of one version
-        version = next(v for k, v, marker in found if k == key and not marker)
-        (outcome,) = yield from send([layout.head_object(key, version)], layout.root)
-        if isinstance(outcome, dict) and _is_marked(outcome):
-            ours.add(key)
-    markers_only = {k for k, _, m in found if m} - {k for k, _, m in found if not m}
-    ours.update(k for k in markers_only if k == head_key or layout.part_name(k) is not None)
-    doomed = [(key, version) for key, version, _ in found if key in ours]
-    yield from remove(layout, doomed)
-    return len(doomed)
+    heads = [v for v in (yield from _versions(layout, head_key)) if v[0] == head_key]
+    live = next((v for v in heads if v[3] and not v[2]), None)  # a head created since: kept
+    found += [v for v in heads if v is not live]
+    # Data versions first: a delete marker removed before them would bring an object back.
+    data = [(key, version) for key, version, marker, _ in found if not marker]
+    markers = [(key, version) for key, version, marker, _ in found if marker]
+    yield from remove(layout, data)
+    yield from remove(layout, markers)
+    return len(data) + len(markers)
 
 
-def _versions(layout: Layout, prefix: str) -> Steps[list[tuple[str, str, bool]]]:
-    """Every version and delete marker under ``prefix``: ``(key, version id, is a marker)``."""
-    found: list[tuple[str, str, bool]] = []
+def _versions(layout: Layout, prefix: str) -> Steps[list[tuple[str, str, bool, bool]]]:
+    """Every version under ``prefix``: ``(key, version id, is a delete marker, is latest)``."""
+    found: list[tuple[str, str, bool, bool]] = []
     params: dict[str, Any] = {"Bucket": layout.bucket, "Prefix": prefix}
     while True:
         (page,) = yield from send([Call("list_object_versions", dict(params))], layout.root)
         if isinstance(page, Exception):
             fail(layout, page, "ListObjectVersions", prefix)
-        found += [(v["Key"], v["VersionId"], False) for v in page.get("Versions", ())]
-        found += [(m["Key"], m["VersionId"], True) for m in page.get("DeleteMarkers", ())]
+        for kind, marker in (("Versions", False), ("DeleteMarkers", True)):
+            found += [
+                (v["Key"], v["VersionId"], marker, bool(v.get("IsLatest")))
+                for v in page.get(kind, ())
+            ]
         if not page.get("IsTruncated"):
             return found
         params["KeyMarker"] = page.get("NextKeyMarker")

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from alpineagents_s3._keys import Layout, fail, new_wid
+from alpineagents_s3 import _keys
+from alpineagents_s3._keys import Layout, fail
 from alpineagents_s3._memory import Ctx
 from alpineagents_s3._steps import Call, Outcome, Steps, error_code, http_status, send
 from alpineagents_s3._translate import PRECONDITION_CODES, translate
@@ -39,7 +40,7 @@ class Probe:
     problems: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.key = self.layout.probe_key(new_wid())
+        self.key = self.layout.probe_key(_keys.new_wid())
 
     def create(self) -> Call:
         """The first request: create the probe."""

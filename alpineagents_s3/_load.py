@@ -34,16 +34,18 @@ class MissingPartError(Exception):
 
 
 def get_head(
-    ctx: Ctx, state_id: str, if_none_match: str | None = None
+    ctx: Ctx, state_id: str, known: tuple[Head, str] | None = None
 ) -> Steps[tuple[Head, str] | None]:
-    """The State's head and its ETag; ``None`` if there is none (or 304: unchanged)."""
+    """The State's head and its ETag; ``None`` if there is none.
+
+    With ``known`` (a head and its ETag), the GET asks ``If-None-Match`` and a 304 returns it.
+    """
     key = ctx.layout.head_key(state_id)
-    (outcome,) = yield from send(
-        [ctx.layout.get(key, if_none_match=if_none_match)], ctx.layout.root
-    )
+    condition = known[1] if known is not None else None
+    (outcome,) = yield from send([ctx.layout.get(key, if_none_match=condition)], ctx.layout.root)
     if isinstance(outcome, Exception):
-        if if_none_match is not None and http_status(outcome) == 304:
-            return None
+        if known is not None and http_status(outcome) == 304:
+            return known
         if error_code(outcome) in NOT_FOUND_CODES:
             return None
         fail(ctx.layout, outcome, "GetObject", key)
@@ -89,15 +91,12 @@ def read(
         seen = ctx.seen(state_id)
         known = seen.head
         cached = known is not None and seen.etag is not None and _held(ctx, known)
-        got = yield from get_head(ctx, state_id, seen.etag if cached else None)
-        if got is None and not cached:
-            ctx.memory.forget(ctx.scope, state_id)
-            return None
+        held = (known, seen.etag) if cached and known and seen.etag else None
+        sent = ctx.memory.tick()
+        got = yield from get_head(ctx, state_id, held)
         if got is None:
-            assert known is not None and seen.etag is not None
-            head, etag = known, seen.etag
-        else:
-            head, etag = got
+            return None
+        head, etag = got
         try:
             bodies = yield from fetch(ctx, head, head.parts)
         except MissingPartError as e:
@@ -122,7 +121,7 @@ def read(
             ],
             layout.url,
         )
-        ctx.memory.read(ctx.scope, state_id, head, etag)
+        ctx.memory.read(ctx.scope, state_id, head, etag, sent)
         return entries, head.snapshot
     raise CorruptStateError(
         f"the State {state_id!r} under {layout.url(layout.root)} kept changing while it was "

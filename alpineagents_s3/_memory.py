@@ -38,11 +38,16 @@ class Seen:
         head: The head it last read or wrote (``None``: none yet, or the State was deleted).
         etag: That head's ETag.
         unsure: The wids of head PUTs whose answer never came: a head holding one is its own.
+        at: When the process learned ``head``, on :meth:`Memory.tick`'s clock.
+
+    A State found deleted changes nothing here: a save of a copy of it sends ``If-Match`` on
+    the head it was read from, and S3 refuses it (404, or 412 if the id was made again).
     """
 
     head: Head | None = None
     etag: str | None = None
     unsure: frozenset[str] = frozenset()
+    at: int = 0
 
 
 class Bodies:
@@ -92,6 +97,7 @@ class Memory:
     _seen: dict[tuple[Scope, str], Seen] = field(default_factory=dict)
     _locks: LockRegistry = field(default_factory=LockRegistry)
     _guard: threading.Lock = field(default_factory=threading.Lock)
+    _clock: int = 0
 
     def __post_init__(self) -> None:
         # A child forked while a thread held a lock would wait for it forever.
@@ -106,28 +112,38 @@ class Memory:
         """The lock the saves and deletes of one State hold in this process."""
         return self._locks.get(f"{scope}\0{state_id}")
 
+    def tick(self) -> int:
+        """The process's clock: a number larger than any it gave before."""
+        with self._guard:
+            self._clock += 1
+            return self._clock
+
     def seen(self, scope: Scope, state_id: str) -> Seen:
         """What the process knows of a State."""
         with self._guard:
             return self._seen.get((scope, state_id), Seen())
 
     def wrote(self, scope: Scope, state_id: str, head: Head, etag: str) -> None:
-        """A save committed ``head``: it is the base from now on."""
+        """A save committed ``head``: it is the base from now on, and nothing is unsure."""
+        at = self.tick()
         with self._guard:
-            seen = self._seen.get((scope, state_id), Seen())
-            self._seen[(scope, state_id)] = replace(seen, head=head, etag=etag)
+            self._seen[(scope, state_id)] = Seen(head, etag, frozenset(), at)
 
-    def read(self, scope: Scope, state_id: str, head: Head, etag: str) -> None:
-        """A load read ``head``: the base from now on, unless the process knows a later one.
+    def read(self, scope: Scope, state_id: str, head: Head, etag: str, sent: int) -> None:
+        """A GET sent at ``sent`` (:meth:`tick`) read ``head``: the base, unless it is older.
 
-        A load that ran beside a save of this process may have read the head that save
-        replaced; the base never goes back (``rev``), only to another incarnation.
+        It is newer than the base if it is a later revision of the base's incarnation, or if it
+        was sent after the process learned the base. Otherwise (a load that ran beside a save
+        or another load of this process) it may be older, and the base stays: the base never
+        goes back.
         """
         with self._guard:
             seen = self._seen.get((scope, state_id), Seen())
             known = seen.head
-            if known is None or known.inc != head.inc or head.rev >= known.rev:
-                self._seen[(scope, state_id)] = replace(seen, head=head, etag=etag)
+            later = known is not None and known.inc == head.inc and head.rev >= known.rev
+            if known is None or later or sent > seen.at:
+                at = max(sent, seen.at)
+                self._seen[(scope, state_id)] = Seen(head, etag, seen.unsure, at)
 
     def unsure(self, scope: Scope, state_id: str, wid: str) -> None:
         """A head PUT of the save ``wid`` ended without a clear answer."""
@@ -141,11 +157,6 @@ class Memory:
             seen = self._seen.get((scope, state_id))
             if seen is not None:
                 self._seen[(scope, state_id)] = replace(seen, unsure=frozenset())
-
-    def forget(self, scope: Scope, state_id: str) -> None:
-        """The State is gone (deleted, or not found): nothing is known of it."""
-        with self._guard:
-            self._seen.pop((scope, state_id), None)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from alpineagents_s3 import _pack
+from alpineagents_s3 import _keys, _pack
 from alpineagents_s3._codec import dumps, join, loads_parts, validate_id
 from alpineagents_s3._engine import Probe
 from alpineagents_s3._head import Head, Part
-from alpineagents_s3._keys import fail, new_wid
+from alpineagents_s3._keys import fail
 from alpineagents_s3._load import MissingPartError, fetch, get_head
 from alpineagents_s3._memory import Ctx
 from alpineagents_s3._steps import Call, Hold, Outcome, Steps, error_code, send
@@ -119,20 +119,19 @@ def _save(
     """
     layout, memory = ctx.layout, ctx.memory
     key = layout.head_key(state_id)
-    wid = new_wid()
+    wid = _keys.new_wid()
     base: Head | None = None
     etag: str | None = None
+    seen = ctx.seen(state_id)
     if not create:
-        seen = ctx.seen(state_id)
         base, etag = seen.head, seen.etag
-        if base is None or seen.unsure:  # step 2: no base, or the last head PUT is unsure
+        if base is None:  # step 2: a process that never read or wrote the State reads it
+            sent = memory.tick()
             got = yield from get_head(ctx, state_id)
             if got is None:
-                memory.forget(ctx.scope, state_id)
                 raise _not_found(ctx, state_id)
             base, etag = got
-            memory.read(ctx.scope, state_id, base, etag)
-            memory.settled(ctx.scope, state_id)
+            memory.read(ctx.scope, state_id, base, etag, sent)
         fresh = yield from _new_entries(ctx, base, etag, new)
         if not fresh and (snapshot is None or _same(snapshot, base.snapshot)):
             return "saved"  # nothing new: nothing is sent
@@ -170,41 +169,42 @@ def _save(
                 yield from send(cleanup, layout.root)
             fail(layout, outcome, "PutObject", k, "If-None-Match: *")
 
-    # Batch 2: the head, conditional on the base (invariant 4).
+    # Batch 2: the head, conditional on the base (invariant 4). Unsure from the moment it is
+    # sent until its outcome is known (invariant 5): a head holding this wid is this save's.
     condition = "If-None-Match: *" if base is None else f"If-Match: {etag}"
     put = layout.put(key, head.encode(), "head", if_match=etag if base is not None else None)
+    memory.unsure(ctx.scope, state_id, wid)
     outcome, *_ = yield from send([put, *cleanup], layout.root)
     if probe is not None:
         memory.checked.add((layout.endpoint, layout.bucket))
-    if isinstance(outcome, Exception):
-        code = error_code(outcome)
-        if code in PRECONDITION_CODES:
-            got = yield from get_head(ctx, state_id)
-            if got is not None and got[0].write == wid:  # its own, answered twice (invariant 5)
-                outcome = {"ETag": got[1]}
-            elif got is not None and got[0].write in ctx.seen(state_id).unsure:
-                memory.read(ctx.scope, state_id, *got)  # an earlier save of ours landed late
-                memory.settled(ctx.scope, state_id)
-                return "landed"
-            elif got is None and base is None:
+    code = error_code(outcome)
+    if code in PRECONDITION_CODES:
+        sent = memory.tick()
+        got = yield from get_head(ctx, state_id)
+        if got is not None and got[0].write == wid:  # its own PUT, answered twice
+            outcome = {"ETag": got[1]}
+        elif got is not None and got[0].write in seen.unsure:  # an earlier save landed late
+            memory.read(ctx.scope, state_id, *got, sent)
+            memory.settled(ctx.scope, state_id)
+            return "landed"
+        elif got is None:
+            memory.settled(ctx.scope, state_id)
+            if base is None:
                 return "again"  # a create that lost to a State deleted since
-            elif got is None:
-                memory.forget(ctx.scope, state_id)
-                raise _not_found(ctx, state_id)
-            elif base is None:
-                raise StateExistsError(
-                    f"a State with id {state_id!r} already exists in "
-                    f"{layout.url(key)}: continue it with store.load({state_id!r}), or pick "
-                    "another id"
-                )
-            else:
-                raise _conflict(ctx, state_id, "another writer saved it first")
-        elif code in NOT_FOUND_CODES and base is not None:  # If-Match on a deleted head
-            memory.forget(ctx.scope, state_id)
             raise _not_found(ctx, state_id)
         else:
-            memory.unsure(ctx.scope, state_id, wid)
-            fail(layout, outcome, "PutObject", key, condition)
+            memory.settled(ctx.scope, state_id)
+            if base is None:
+                raise StateExistsError(
+                    f"a State with id {state_id!r} already exists in {layout.url(key)}: "
+                    f"continue it with store.load({state_id!r}), or pick another id"
+                )
+            raise _conflict(ctx, state_id, "another writer saved it first")
+    elif code in NOT_FOUND_CODES and base is not None:  # If-Match on a deleted head
+        memory.settled(ctx.scope, state_id)
+        raise _not_found(ctx, state_id)
+    elif isinstance(outcome, Exception):
+        fail(layout, outcome, "PutObject", key, condition)  # unsure: the next save reads first
     memory.wrote(ctx.scope, state_id, head, str(outcome["ETag"]))
     for k, (body, _) in writes.items():
         memory.bodies.put(layout.bucket, k, body)

@@ -1,17 +1,25 @@
-"""Sweeping: what saves that died or lost a race left behind (docs/protocol.md, "Sweep").
+"""Sweeping: what saves, creates and deletes that died or lost a race left behind.
 
-An object under ``states/`` that no head names (the head of its id, for its incarnation) is
-garbage once no save can still be writing it: older than ``older_than`` seconds. It is removed
-only if the store can prove it wrote it (invariant 9): its key is one the store gives and its
-metadata carries the store's mark (a HEAD each). Probes of the engine check left by a killed
-process are removed the same way.
+docs/protocol.md, "Sweep". Objects are grouped by the incarnation folder they are in, and the
+head of their State is read:
+
+- the incarnation the head names is alive: only objects the head does not name, older than
+  ``older_than`` seconds, are removed (the parts of saves that died or lost a race);
+- an incarnation with a tombstone is dead (a delete marked it before it deleted the head): all
+  of it is removed, the tombstone last;
+- any other incarnation (no head names it, no tombstone) is a create that died, or one under
+  way: its objects are removed once older than ``older_than``.
+
+Each object removed is proven the store's own (invariant 9): its key is one the store gives and
+its metadata carries the store's mark (a HEAD each). Probes of the engine check left by a
+killed process are removed the same way, once old.
 """
 
 from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from alpineagents_s3._delete import marked, remove
 from alpineagents_s3._head import Head
@@ -21,7 +29,7 @@ from alpineagents_s3._steps import Steps, error_code, send
 from alpineagents_s3._translate import NOT_FOUND_CODES
 from alpineagents_s3.errors import S3StoreError
 
-__all__ = ["SWEEP_AGE", "sweep"]
+__all__ = ["SWEEP_AGE", "check_age", "sweep"]
 
 # One day: no save takes that long between its parts and its head.
 SWEEP_AGE: Final = 24 * 3600.0
@@ -45,48 +53,68 @@ def sweep(
 ) -> Steps[list[str]]:
     """The steps of ``sweep``: the keys removed."""
     layout = ctx.layout
-    age = check_age(older_than)
+    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=check_age(older_than))
     if not layout.root and not at_bucket_root:
         raise ValueError(
             f"sweep() of a store at the root of the bucket {layout.bucket!r} (an empty prefix) "
             "could reach objects of other applications; give the store a prefix, or call "
             "sweep(at_bucket_root=True) to sweep the root anyway"
         )
-    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=age)
-    parts = yield from list_all(layout, layout.states)
-    probes = yield from list_all(layout, layout.probes)
-    old = [obj for obj in parts + probes if _when(obj) < cutoff]
-    named_by: dict[str, list[str]] = {}
-    for obj in old:
-        name = layout.part_name(obj["Key"])
-        if name is not None:
-            named_by.setdefault(name.state_id, []).append(obj["Key"])
-    ids = sorted(named_by)
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for obj in (yield from list_all(layout, layout.states)):
+        folder = layout.folder_of(obj["Key"])
+        if folder is not None:
+            groups.setdefault(folder, []).append(obj)
+    ids = sorted({state_id for state_id, _ in groups})
     outcomes = yield from send([layout.get(layout.head_key(i)) for i in ids], layout.root)
-    named: set[str] = set()
+    heads: dict[str, Head | None] = {}
     for state_id, outcome in zip(ids, outcomes, strict=True):
         key = layout.head_key(state_id)
         if isinstance(outcome, Exception):
-            if error_code(outcome) in NOT_FOUND_CODES:
-                continue
-            fail(layout, outcome, "GetObject", key)
+            if error_code(outcome) not in NOT_FOUND_CODES:
+                fail(layout, outcome, "GetObject", key)
+            heads[state_id] = None
+            continue
         try:
-            named.update(Head.decode(outcome["Body"], layout.url(key), state_id).keys(layout))
-        except S3StoreError:  # a head it cannot read: none of that State's objects are touched
-            named.update(named_by[state_id])
-    candidates = [
-        obj["Key"]
-        for obj in old
-        if obj["Key"] not in named
-        and (layout.part_name(obj["Key"]) is not None or layout.is_probe(obj["Key"]))
-    ]
+            heads[state_id] = Head.decode(outcome["Body"], layout.url(key), state_id)
+        except S3StoreError:
+            continue  # a head it cannot read: nothing of that State is touched
+    candidates: list[str] = []
+    tombstones: list[str] = []
+    for (state_id, inc), objects in groups.items():
+        if state_id not in heads:
+            continue
+        head = heads[state_id]
+        keys = {obj["Key"] for obj in objects}
+        tombstone = layout.tombstone_key(state_id, inc)
+        if head is not None and head.inc == inc:
+            named = set(head.keys(layout))
+            candidates += [
+                obj["Key"]
+                for obj in objects
+                if obj["Key"] not in named and _older(obj, cutoff) and layout.part_name(obj["Key"])
+            ]
+        elif tombstone in keys:
+            candidates += [k for k in keys if k != tombstone and layout.part_name(k)]
+            tombstones.append(tombstone)
+        else:
+            candidates += [
+                obj["Key"]
+                for obj in objects
+                if _older(obj, cutoff) and layout.part_name(obj["Key"])
+            ]
+    for obj in (yield from list_all(layout, layout.probes)):
+        if layout.is_probe(obj["Key"]) and _older(obj, cutoff):
+            candidates.append(obj["Key"])
     ours, _ = yield from marked(ctx, candidates, set())
     yield from remove(layout, [(key, None) for key in ours])
-    return sorted(ours)
+    gone, _ = yield from marked(ctx, tombstones, set())
+    yield from remove(layout, [(key, None) for key in gone])  # last: dead until then
+    return sorted(ours + gone)
 
 
-def _when(obj: dict[str, object]) -> datetime:
+def _older(obj: dict[str, Any], cutoff: datetime) -> bool:
     value = obj.get("LastModified")
     if not isinstance(value, datetime):
-        return datetime.max.replace(tzinfo=UTC)  # unknown: never old enough
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return False  # unknown: never old enough
+    return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)) < cutoff
