@@ -63,6 +63,8 @@ class Head:
         state_id: The State's id.
         inc: Its incarnation: the wid of the save that created it.
         write: The wid of the save that wrote this head.
+        after: The wid of the head it replaced (``None`` for the create): the heads of a State
+            are one chain.
         rev: How many saves came before it since the State was created (0 for the create).
         parts: The objects that hold entries ``0`` to ``count - 1``, in seq order.
         snapshot: The snapshot (or info) dict, or ``None`` for a State created without one.
@@ -71,6 +73,7 @@ class Head:
     state_id: str
     inc: str
     write: str
+    after: str | None
     rev: int
     parts: tuple[Part, ...]
     snapshot: dict[str, Any] | None
@@ -117,6 +120,7 @@ class Head:
                 "id": self.state_id,
                 "inc": self.inc,
                 "write": self.write,
+                "after": self.after,
                 "rev": self.rev,
                 "count": self.count,
                 "parts": items,
@@ -144,14 +148,16 @@ class Head:
                 f"{where} is the head of State {doc.get('id')!r}, not {state_id!r}: it was "
                 "copied or damaged"
             )
-        inc, write, rev = doc.get("inc"), doc.get("write"), doc.get("rev")
+        inc, write, rev, after = doc.get("inc"), doc.get("write"), doc.get("rev"), doc.get("after")
         snapshot = doc.get("snapshot")
-        if not (_is_wid(inc) and _is_wid(write) and type(rev) is int and rev >= 0) or not (
-            snapshot is None or type(snapshot) is dict
+        if (
+            not (_is_wid(inc) and _is_wid(write) and type(rev) is int and rev >= 0)
+            or not (after is None or _is_wid(after))
+            or not (snapshot is None or type(snapshot) is dict)
         ):
             raise CorruptStateError(f"{where} is a damaged head: its inc, write, rev or snapshot")
         parts = tuple(_parts(doc.get("parts"), where))
-        head = cls(state_id, str(inc), str(write), rev, parts, snapshot)
+        head = cls(state_id, str(inc), str(write), after, rev, parts, snapshot)
         if doc.get("count") != head.count:
             raise CorruptStateError(
                 f"{where} is a damaged head: it counts {doc.get('count')!r} entries, its parts "

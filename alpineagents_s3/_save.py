@@ -131,6 +131,15 @@ def _save(
             if got is None:
                 raise _not_found(ctx, state_id)
             base, etag = got
+            if base.count and not any(e.seq == base.count - 1 for e in new):
+                # Nothing ties the copy to this head: it must send its last entry again.
+                raise ConcurrentWriteError(
+                    f"State {state_id!r} in {layout.url(key)} was not read or written by this "
+                    "process, and this save does not send its last stored entry "
+                    f"({base.count - 1}) again, so nothing shows that the copy saved is the "
+                    f"stored State; nothing was written. Load it (store.load({state_id!r})) "
+                    "in this process and continue that copy"
+                )
             memory.read(ctx.scope, state_id, base, etag, sent)
         fresh = yield from _new_entries(ctx, base, etag, new)
         if not fresh and (snapshot is None or _same(snapshot, base.snapshot)):
@@ -144,6 +153,7 @@ def _save(
         state_id=state_id,
         inc=wid if base is None else base.inc,
         write=wid,
+        after=None if base is None else base.write,
         rev=0 if base is None else base.rev + 1,
         parts=packing.parts if packing is not None else parts,
         snapshot=dict(snapshot) if snapshot is not None else base.snapshot if base else None,
@@ -181,27 +191,43 @@ def _save(
     if code in PRECONDITION_CODES:
         sent = memory.tick()
         got = yield from get_head(ctx, state_id)
-        if got is not None and got[0].write == wid:  # its own PUT, answered twice
-            outcome = {"ETag": got[1]}
-        elif got is not None and got[0].write in seen.unsure:  # an earlier save landed late
-            memory.read(ctx.scope, state_id, *got, sent)
+        stored = got[0] if got is not None else None
+        if stored is not None and stored.write == wid:  # its own PUT, answered twice
+            outcome = {"ETag": got[1]}  # type: ignore[index]
+        elif stored is not None and stored.after == wid:
+            # It landed, and another writer has saved on top since: committed, and this copy is
+            # behind now (the base stays: its next save is refused).
+            memory.settled(ctx.scope, state_id)
+            return "saved"
+        elif stored is not None and stored.write in seen.unsure:  # an earlier save landed late
+            memory.read(ctx.scope, state_id, stored, got[1], sent)  # type: ignore[index]
             memory.settled(ctx.scope, state_id)
             return "landed"
-        elif got is None:
+        elif stored is None:
             memory.settled(ctx.scope, state_id)
             if base is None:
                 return "again"  # a create that lost to a State deleted since
             raise _not_found(ctx, state_id)
         else:
             memory.settled(ctx.scope, state_id)
+            # Another head replaced the base, not this save's: this save lost, for good (its
+            # parts are named by no head, and never will be). A head further on may be a
+            # successor of this save's: then it is not known whether it landed.
+            lost = stored.after == (base.write if base is not None else None)
+            if lost:
+                yield from _discard(ctx, list(writes))
             if base is None:
                 raise StateExistsError(
                     f"a State with id {state_id!r} already exists in {layout.url(key)}: "
                     f"continue it with store.load({state_id!r}), or pick another id"
                 )
-            raise _conflict(ctx, state_id, "another writer saved it first")
+            why = "another writer saved it first"
+            if not lost:
+                why += "; this save may be part of the State, with saves of theirs after it"
+            raise _conflict(ctx, state_id, why)
     elif code in NOT_FOUND_CODES and base is not None:  # If-Match on a deleted head
         memory.settled(ctx.scope, state_id)
+        yield from _discard(ctx, list(writes))
         raise _not_found(ctx, state_id)
     elif isinstance(outcome, Exception):
         fail(layout, outcome, "PutObject", key, condition)  # unsure: the next save reads first
@@ -324,6 +350,13 @@ def _drop(ctx: Ctx, state_id: str, inc: str, parts: Sequence[Part]) -> Steps[Non
                 outcome if isinstance(outcome, Exception) else errors,
             )
     ctx.memory.bodies.drop(layout.bucket, keys)
+
+
+def _discard(ctx: Ctx, keys: list[str]) -> Steps[None]:
+    """Delete the parts of a save refused for good (a failure is left to ``sweep``)."""
+    outcomes = yield from send(ctx.layout.delete_many([(k, None) for k in keys]), ctx.layout.root)
+    if any(isinstance(o, Exception) or o.get("Errors") for o in outcomes):
+        logger.info("could not delete the %d objects of a refused save (sweep does)", len(keys))
 
 
 def _conflict(ctx: Ctx, state_id: str, why: str) -> ConcurrentWriteError:

@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 
 from alpineagents_s3 import _delete, _engine, _load, _memory, _pack, _save, _sweep
-from tests.protocol.world import explore
+from tests.protocol.world import explore, run_scenarios
 
 BUDGET = int(os.environ.get("ALPINEAGENTS_MUTANT_SCHEDULES", "4000"))
 
@@ -41,14 +41,14 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
         "any head after a 412 taken for its own (invariant 5)",
         _save,
-        "if got is not None and got[0].write == wid:",
-        "if got is not None:",
+        "if stored is not None and stored.write == wid:",
+        "if stored is not None:",
         {},
     ),
     (
         "its own head after a 412 not recognised (invariant 5)",
         _save,
-        "if got is not None and got[0].write == wid:",
+        "if stored is not None and stored.write == wid:",
         "if False:",
         {},
     ),
@@ -62,9 +62,16 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
         "the base moved to another writer's head after a refusal (invariant 4)",
         _save,
-        '            raise _conflict(ctx, state_id, "another writer saved it first")',
-        "            memory.read(ctx.scope, state_id, *got, sent)\n"
-        '            raise _conflict(ctx, state_id, "another writer saved it first")',
+        "            raise _conflict(ctx, state_id, why)",
+        "            memory.read(ctx.scope, state_id, stored, got[1], sent)  # type: ignore\n"
+        "            raise _conflict(ctx, state_id, why)",
+        {},
+    ),
+    (
+        "the parts of a save that may have landed deleted (invariant 7)",
+        _save,
+        "            lost = stored.after == (base.write if base is not None else None)",
+        "            lost = True",
         {},
     ),
     (
@@ -201,6 +208,8 @@ def _code(function: object) -> tuple[object, ...]:
 def test_the_real_protocol_passes_the_same_schedules() -> None:
     found = explore(range(BUDGET // 4))
     assert found is None, f"seed {found[0]}: {found[1]}" if found else ""
+    failed = run_scenarios()
+    assert failed is None, failed
 
 
 @pytest.mark.parametrize(
@@ -215,6 +224,10 @@ def test_the_checker_kills_the_mutant(
     world: dict[str, bool],
 ) -> None:
     mutate(monkeypatch, module, guard, mutant)
+    failed = run_scenarios()
+    if failed is not None:
+        print(f"\n{name}: killed by {failed[0]}: {str(failed[1]).splitlines()[0][:160]}")
+        return
     found = explore(range(BUDGET), **world)
     assert found is not None, f"the checker did not notice: {name}, in {BUDGET} schedules"
     seed, violation, _ = found

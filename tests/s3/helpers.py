@@ -22,10 +22,9 @@ from botocore.awsrequest import AWSResponse
 from alpineagents import State
 from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.testing import StoreIO
-from alpineagents_s3 import Packed, S3Store, StoredObject
-from alpineagents_s3._layout import GENERATION_META
-from tests.forked import Forker
-from tests.helpers import MakeBucket, Mode, entry_dicts
+from alpineagents_s3 import S3Store, StoredObject
+from alpineagents_s3.testing import separate_process
+from tests.helpers import MakeBucket, Mode
 
 if TYPE_CHECKING:
     import aioboto3
@@ -56,18 +55,25 @@ class Stores:
         self.aio_session = aio_session
         self.made: list[S3Store] = []
 
-    def new(self, *, bucket: str | None = None, **options: Any) -> S3Store:
-        """A new store object: another process, as far as S3 can tell."""
+    def new(
+        self, *, bucket: str | None = None, same_process: bool = False, **options: Any
+    ) -> S3Store:
+        """A new store object: another process, as far as S3 can tell (a memory of its own,
+        ``alpineagents_s3.testing.separate_process``), unless ``same_process``."""
         if "session" not in options and "aio_session" not in options:
             options["aio_session"] = self.aio_session
         options.setdefault("session", self.session)
         store = S3Store(bucket or self.bucket, "runs", endpoint_url=self.url, **options)
+        if not same_process:
+            separate_process(store)
         self.made.append(store)
         return store
 
-    def io(self, mode: Mode, *, bucket: str | None = None, **options: Any) -> StoreIO:
+    def io(
+        self, mode: Mode, *, bucket: str | None = None, same_process: bool = False, **options: Any
+    ) -> StoreIO:
         """A new store object, called through its sync or its async methods."""
-        return StoreIO(self.new(bucket=bucket, **options), mode)
+        return StoreIO(self.new(bucket=bucket, same_process=same_process, **options), mode)
 
     async def close(self) -> None:
         """Close every store object made."""
@@ -85,9 +91,7 @@ async def objects(io: StoreIO, state_id: str) -> list[StoredObject]:
     return await asyncio.to_thread(store.objects, state_id)
 
 
-# Packed States (tests/s3/test_packed*.py) -----------------------------------------------
-
-# About 2 KB a tool result: 64 tool-using turns are over 128 KiB.
+# About 2 KB a tool result.
 RESULT = "row,value\n" + "alpha,1\nbeta,2\ngamma,3\n" * 90
 
 
@@ -97,13 +101,6 @@ def run(state: State, turns: int, first: int = 0, result: str = RESULT) -> None:
         call = {"type": "tool_call", "id": f"call-{n}", "name": "lookup", "input": {"n": n}}
         state.append(MODEL, "", {"content": [call], "stop_reason": "tool_use"})
         state.append(TOOL_RESULT, result, {"call_id": f"call-{n}", "name": "lookup"})
-
-
-async def pack(store: S3Store, mode: Mode, state_id: str, **options: Any) -> Packed:
-    """``apack``, or ``pack`` on a thread."""
-    if mode == "async":
-        return await store.apack(state_id, **options)
-    return await asyncio.to_thread(store.pack, state_id, **options)
 
 
 async def load(store: S3Store, mode: Mode, state_id: str) -> State:
@@ -123,19 +120,6 @@ async def save(store: S3Store, mode: Mode, state: State) -> None:
         await asyncio.to_thread(store.save, state)
 
 
-def saves_of_a_killed_child(
-    forker: Forker, stores: Stores, state_id: str, mode: Mode, event: str, k: int
-) -> list[int]:
-    """Run a crash test's child (``_alone_child``, ``_refs_child``): the saves it printed as
-    returned (``saved N``) before its SIGKILL at request ``k`` (``k == 0``: never killed)."""
-    done = forker.run(stores.url, stores.bucket, state_id, mode, event, str(k))
-    if k:
-        assert done.returncode == -9, (done.returncode, done.stderr)
-    else:
-        assert done.returncode == 0, done.stderr
-    return [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("saved")]
-
-
 def raw_client(endpoint_url: str) -> S3Client:
     """A plain boto3 client, for setting up and inspecting buckets behind the store's back."""
     client: S3Client = boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1")
@@ -150,22 +134,17 @@ def body(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
-def entry_key(client: S3Client, bucket: str, state_id: str, seq: int) -> str:
-    """The key of entry ``seq`` of the State's current generation (under ``runs/``)."""
-    head = client.head_object(Bucket=bucket, Key=f"runs/{state_id}/snapshot.json")
-    return f"runs/{state_id}/entries/{head['Metadata'][GENERATION_META]}/{seq:010d}.json"
+def head_of(client: S3Client, bucket: str, state_id: str) -> dict[str, Any]:
+    """The State's head, as stored (under ``runs/``)."""
+    got = client.get_object(Bucket=bucket, Key=f"runs/heads/{state_id}.json")
+    head: dict[str, Any] = json.loads(got["Body"].read())
+    return head
 
 
-def killed_save(client: S3Client, bucket: str, state_id: str, *seqs: int) -> dict[int, str]:
-    """Store only ``seqs`` of a save's entries, as a process killed mid-save leaves them;
-    return their ETags."""
-    entries = entry_dicts(0, max(seqs) + 1, "from the killed save")
-    return {
-        seq: client.put_object(
-            Bucket=bucket, Key=entry_key(client, bucket, state_id, seq), Body=body(entries[seq])
-        )["ETag"]
-        for seq in seqs
-    }
+def part_keys(client: S3Client, bucket: str, state_id: str) -> list[str]:
+    """Every key under the State's folder, sorted."""
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=f"runs/states/{state_id}/")
+    return sorted(item["Key"] for item in listed.get("Contents", ()))
 
 
 # Injected answers --------------------------------------------------------------------------
