@@ -16,12 +16,20 @@ store's path too): history holds tool results and messages.
 
 Two writers. Every write holds an advisory lock (``flock``) on the State's folder itself, and
 reads hold it shared, so a write sees the folder as no other write leaves it halfway. Before
-it writes a byte, a write compares what is on disk with what this store object last wrote or
-read of the State (its :class:`_Seen`): the folder, the number of entries and a digest of the
-snapshot. Anything another writer changed since refuses the write with
-``ConcurrentWriteError``; entries the save sends again are compared, not skipped blindly.
-Where ``fcntl`` is missing (Windows) writes are not locked: the check still refuses a stale
-writer, but two writes racing at the same instant are not told apart.
+it writes a byte, a write checks it against its basis, with one rule (``FileStore._check``):
+
+    A write may go on only if the snapshot on disk is one its writer last saw (saved or
+    loaded) or tried to write, the folder holds at least the entries its writer knows are
+    saved, and every entry on disk from there on is one the write sends again, the same.
+
+Anything else refuses the write with ``ConcurrentWriteError``, before a byte is written. The
+basis (:class:`_Basis`) is the copy's: a save of a State (``store.save``, the Agent's saves)
+writes with what that copy of the State last saw (:func:`alpineagents._saving.basis`), so
+the check follows the copy's own history, whichever FileStore object for the folder writes
+it. A write made through the Store API directly (``write()``, with no State behind it) has
+what this store object last wrote or read of the State (its :class:`_Seen`), or, the first
+time, what is on disk. Where ``fcntl`` is missing (Windows) writes are not locked: the check
+still refuses a stale writer, but two writes racing at the same instant are not told apart.
 
 Leftovers. A killed create leaves ``.<id>.<hex>.new``, a killed delete ``.<id>.<hex>.deleted``
 (with the deleted State in it) and a killed snapshot write ``<id>/.snapshot.json.<hex>.tmp``.
@@ -34,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -48,11 +57,13 @@ from typing import Any, BinaryIO, Final
 
 import pydantic_core
 
+from alpineagents import _saving
 from alpineagents._gc import paused
 from alpineagents._serialize import dumps, loads
 from alpineagents.errors import (
     ConcurrentWriteError,
     CorruptStateError,
+    NotJSONError,
     SchemaVersionError,
     StateExistsError,
     StateNotFoundError,
@@ -99,18 +110,65 @@ class _Seen:
     tried: frozenset[bytes] = frozenset()
 
 
+@dataclass(frozen=True)
+class _Basis:
+    """The version of a State a write may replace: what its writer last saw of it.
+
+    Made of the copy's :class:`alpineagents._saving.Basis` for a save of a State, else of the
+    store object's :class:`_Seen` (a write made through the Store API directly).
+
+    Attributes:
+        count: How many entries the writer knows are saved.
+        digests: Digests of the snapshots the writer saw, or tried to write.
+        snapshots: The same snapshots as values: one on disk in other bytes than this
+            version's ``dumps`` (a file written by another version) is compared as JSON.
+        folder: ``(st_dev, st_ino)`` of the State's folder, where the writer knows it.
+    """
+
+    count: int
+    digests: frozenset[bytes]
+    snapshots: tuple[dict[str, Any], ...] = ()
+    folder: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, copy: _saving.Basis | None, seen: _Seen | None) -> _Basis | None:
+        """The copy's basis if a save of a copy is writing, else the store object's memory."""
+        if copy is not None:
+            values = (copy.snapshot, *copy.tried)
+            digests = set()
+            for value in values:
+                with contextlib.suppress(NotJSONError):
+                    digests.add(_digest(dumps(value)))
+            return cls(copy.count, frozenset(digests), values)
+        if seen is not None:
+            return cls(seen.count, seen.tried | {seen.snapshot}, (), seen.folder)
+        return None
+
+    def knows(self, raw: bytes) -> bool:
+        """Whether the snapshot ``raw`` on disk is one this writer saw or tried to write."""
+        if _digest(raw) in self.digests:
+            return True
+        if not self.snapshots:
+            return False
+        try:
+            value = json.loads(raw)
+        except (ValueError, RecursionError):
+            return False
+        return any(value == snapshot for snapshot in self.snapshots)
+
+
 class FileStore(Store):
     """Keeps each State in a folder of its own under ``path``.
 
     One process at a time should run a given State; a second process that saves it anyway is
     refused with ``ConcurrentWriteError`` instead of losing or overwriting what the first one
-    saved. Detection is per store object, as in S3Store: a store object keeps, per State, the
-    version its saves may replace (the one it last wrote, or read at a ``load``); two
-    FileStores on one folder share States, not versions. A store object that meets a State
-    first in a write starts from what is on disk then. Limits: where ``fcntl`` is missing
-    (Windows) writes are not locked, so two saves at the same instant can still both land; and
-    two copies of one State held by one store object are not told apart, except by the history
-    entries they save.
+    saved. The check follows the copy of the State being saved, not the store object: a copy
+    saves when nothing was saved since it was last saved or loaded (through any FileStore
+    object for the folder, in any process), and is refused, writing nothing, when anything
+    was, even a save that changed only the snapshot (``state.data``, say). Two FileStores for
+    one folder are the same store, and two copies of one State loaded through one object are
+    told apart. The rule is in the module docstring. Limit: where ``fcntl`` is missing
+    (Windows) writes are not locked, so two saves at the same instant can still both land.
 
     Leftovers of killed processes (a half-created State, a half-deleted one, a half-written
     snapshot) are removed by :meth:`sweep`, never while their writer is alive. The store calls
@@ -179,16 +237,18 @@ class FileStore(Store):
         """The write of a State that exists, with the folder locked."""
         path = folder / ENTRIES
         try:
-            current = _digest((folder / SNAPSHOT).read_bytes())
+            current_raw = (folder / SNAPSHOT).read_bytes()
         except FileNotFoundError:
             raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
+        current = _digest(current_raw)
         body = None if snapshot is None else dumps(snapshot)
+        seen = self._seen.get(state_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
         try:
             os.fchmod(fd, _FILE_MODE)
             last, valid = _last_seq(fd, path)
-            seen = self._seen.get(state_id)
-            self._check(state_id, folder, seen, here, current, fd, last + 1, valid, entries)
+            basis = _Basis.of(_saving.basis(state_id), seen)
+            self._check(state_id, folder, basis, here, current_raw, fd, last + 1, valid, entries)
             if valid != os.fstat(fd).st_size:
                 logger.warning("dropping a torn last entry of %s", path)
                 os.ftruncate(fd, valid)
@@ -210,7 +270,7 @@ class FileStore(Store):
         self,
         state_id: str,
         folder: Path,
-        seen: _Seen | None,
+        basis: _Basis | None,
         here: tuple[int, int],
         current: bytes,
         fd: int,
@@ -218,16 +278,16 @@ class FileStore(Store):
         valid: int,
         entries: Sequence[dict[str, Any]],
     ) -> None:
-        """Refuse a write whose view of the State is not what is on disk."""
+        """Refuse a write whose basis is not what is on disk: the rule of the module docstring."""
         first = min(int(e["seq"]) for e in entries) if entries else None
-        if seen is None:
+        if basis is None:
             # Met first in a write: the copy saving has every entry below its first unsaved one.
             known = count if first is None else first
         else:
-            known = seen.count
-            if seen.folder != here:
+            known = basis.count
+            if basis.folder is not None and basis.folder != here:
                 raise self._refused(state_id, "it was deleted and created again")
-            if current != seen.snapshot and current not in seen.tried:
+            if not basis.knows(current):
                 raise self._refused(state_id, f"{folder / SNAPSHOT} was replaced")
         if count < known:
             raise self._refused(
@@ -254,14 +314,14 @@ class FileStore(Store):
             entry = sent.get(seq)
             where = f"entry {seq} of {folder / ENTRIES}"
             if entry is None and seq < known:
-                continue  # saved by this store object, from this copy or an older one
+                continue  # saved by this writer, from this copy or an older one
             if entry is None or not _same_entry(line, entry, where):
                 raise self._refused(state_id, f"{where} was saved by another writer")
 
     def _refused(self, state_id: str, what: str) -> ConcurrentWriteError:
         return ConcurrentWriteError(
-            f"State {state_id!r} in {self!r} was saved by another writer since this store "
-            f"object last saved or loaded it ({what}); nothing was written. Load it again with "
+            f"State {state_id!r} in {self!r} was saved by another writer since this copy of "
+            f"it was last saved or loaded ({what}); nothing was written. Load it again with "
             f"store.load({state_id!r}) and continue from what is saved"
         )
 
