@@ -223,13 +223,18 @@ async def asave(store: Writer, state: State, *, entries_only: bool = False) -> b
 
 
 def restore(
-    store: object, state_id: str, entries: Sequence[dict[str, Any]], snapshot: Any
+    store: object,
+    state_id: str,
+    entries: Sequence[dict[str, Any]],
+    snapshot: Any,
+    owner: str = "",
 ) -> tuple[State, int]:
     """Rebuild a State from what ``store`` read, recorded as saved there in full.
 
     Returns the State and how many entries its snapshot accounts for (see
-    :func:`alpineagents._serialize.state_from_record`).
+    :func:`alpineagents._serialize.state_from_record`, which names the State as ``owner`` in
+    its errors).
     """
-    state, covered = state_from_record(state_id, entries, snapshot)
+    state, covered = state_from_record(state_id, entries, snapshot, owner)
     state._saved = SaveRecord(store, len(state.history), snapshot)
     return state, covered

@@ -39,6 +39,7 @@ Each is written while its writer holds the lock of the folder it is in, so
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import hashlib
@@ -46,6 +47,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
 import time
 import uuid
@@ -59,7 +61,7 @@ import pydantic_core
 
 from alpineagents import _saving
 from alpineagents._gc import paused
-from alpineagents._serialize import dumps, loads
+from alpineagents._serialize import check_stored, dumps, loads
 from alpineagents.errors import (
     ConcurrentWriteError,
     CorruptStateError,
@@ -67,6 +69,8 @@ from alpineagents.errors import (
     SchemaVersionError,
     StateExistsError,
     StateNotFoundError,
+    StoreError,
+    StorePermissionError,
 )
 from alpineagents.state import validate_id
 from alpineagents.store import Record, SavedState, Store
@@ -89,6 +93,10 @@ _CHUNK = 64 * 1024
 # for abandoned only when its folder has not changed for this many seconds.
 UNLOCKED_LEFTOVER_AGE = 3600.0
 _LEFTOVER_SUFFIXES = (".new", ".deleted")
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# A fifo where a file should be would make a plain open wait for a writer: never wait.
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 @dataclass(frozen=True)
@@ -217,11 +225,12 @@ class FileStore(Store):
         if not self._swept:
             self._swept = True
             self._sweep_top(quiet=True)
-        if create:
-            self._create(state_id, folder, entries, snapshot)
-            return
-        with self._locked(folder, state_id, exclusive=True) as here:
-            self._update(state_id, folder, here, entries, snapshot)
+        with self._errors(state_id):
+            if create:
+                self._create(state_id, folder, entries, snapshot)
+                return
+            with self._locked(folder, state_id, exclusive=True) as here:
+                self._update(state_id, folder, here, entries, snapshot)
         logger.debug(
             "saved %d entries of %s (snapshot: %s)", len(entries), state_id, bool(snapshot)
         )
@@ -236,17 +245,19 @@ class FileStore(Store):
     ) -> None:
         """The write of a State that exists, with the folder locked."""
         path = folder / ENTRIES
-        try:
-            current_raw = (folder / SNAPSHOT).read_bytes()
-        except FileNotFoundError:
-            raise CorruptStateError(f"{folder} has no {SNAPSHOT}") from None
+        current_raw = self._read_snapshot(state_id, folder)
+        if current_raw is None:
+            raise CorruptStateError(f"{self._where(state_id, folder)} has no {SNAPSHOT}")
         current = _digest(current_raw)
         body = None if snapshot is None else dumps(snapshot)
         seen = self._seen.get(state_id)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        try:
+            fd = self._open_file(state_id, path, os.O_RDWR)
+        except FileNotFoundError:
+            raise CorruptStateError(f"{self._where(state_id, folder)} has no {ENTRIES}") from None
         try:
             os.fchmod(fd, _FILE_MODE)
-            last, valid = _last_seq(fd, path)
+            last, valid = _last_seq(fd, self._where(state_id, path))
             basis = _Basis.of(_saving.basis(state_id), seen)
             self._check(state_id, folder, basis, here, current_raw, fd, last + 1, valid, entries)
             if valid != os.fstat(fd).st_size:
@@ -278,8 +289,15 @@ class FileStore(Store):
         valid: int,
         entries: Sequence[dict[str, Any]],
     ) -> None:
-        """Refuse a write whose basis is not what is on disk: the rule of the module docstring."""
+        """Refuse a write whose basis is not what is on disk: the rule of the module docstring.
+
+        A snapshot on disk the basis does not know is read first: one that is damaged or of a
+        newer schema is refused as such (``CorruptStateError``, ``SchemaVersionError``), not as
+        another writer's, and so are entries fewer than a snapshot it knows accounts for.
+        """
         first = min(int(e["seq"]) for e in entries) if entries else None
+        if basis is None or not basis.knows(current):
+            self._readable_snapshot(state_id, folder, current)
         if basis is None:
             # Met first in a write: the copy saving has every entry below its first unsaved one.
             known = count if first is None else first
@@ -290,6 +308,11 @@ class FileStore(Store):
             if not basis.knows(current):
                 raise self._refused(state_id, f"{folder / SNAPSHOT} was replaced")
         if count < known:
+            if basis is not None:  # the snapshot is the one the writer saw: entries were lost
+                raise CorruptStateError(
+                    f"{self._where(state_id, folder / ENTRIES)} holds {count} entries, but its "
+                    f"snapshot was saved with {known}: the file was cut short or replaced"
+                )
             raise self._refused(
                 state_id, f"{folder / ENTRIES} holds {count} entries, not {known} or more"
             )
@@ -310,6 +333,11 @@ class FileStore(Store):
             return
         sent = {int(e["seq"]): e for e in entries}
         lines = _last_lines(fd, valid, count - start)
+        if len(lines) < count - start:
+            raise CorruptStateError(
+                f"{self._where(state_id, folder / ENTRIES)}: its last entry has seq {count - 1}, "
+                f"but the file has fewer lines"
+            )
         for seq, line in enumerate(lines, start):
             entry = sent.get(seq)
             where = f"entry {seq} of {folder / ENTRIES}"
@@ -325,6 +353,21 @@ class FileStore(Store):
             f"store.load({state_id!r}) and continue from what is saved"
         )
 
+    def _state_place(self, state_id: str) -> str:
+        """A State in errors of a load: its id, the store and its folder."""
+        return f"State {state_id!r} in {self!r} ({self.path / state_id})"
+
+    def _where(self, state_id: str, path: Path) -> str:
+        """How a message names a path of a State: ``runs/x/snapshot.json (State 'x')``."""
+        return f"{path} (State {state_id!r})"
+
+    def _readable_snapshot(self, state_id: str, folder: Path, raw: bytes) -> None:
+        """Refuse a snapshot on disk that is damaged or of a newer schema, naming it."""
+        check_stored(
+            loads(raw, self._where(state_id, folder / SNAPSHOT)),
+            self._where(state_id, folder / SNAPSHOT),
+        )
+
     def _create(
         self,
         state_id: str,
@@ -334,7 +377,7 @@ class FileStore(Store):
     ) -> None:
         if snapshot is None:
             raise ValueError(f"creating State {state_id!r} needs a snapshot")
-        if folder.exists():
+        if self._present(state_id, folder):
             raise self._taken(state_id)
         self._make_root()
         body = dumps(snapshot)
@@ -368,6 +411,26 @@ class FileStore(Store):
                 break
         logger.debug("created %s with %d entries", state_id, len(entries))
 
+    def _present(self, state_id: str, folder: Path) -> bool:
+        """Whether the State's folder exists; ``CorruptStateError`` for anything else there."""
+        try:
+            mode = os.lstat(folder).st_mode
+        except FileNotFoundError:
+            return False
+        except NotADirectoryError:
+            raise self._not_a_store(state_id) from None
+        if not stat.S_ISDIR(mode):
+            raise CorruptStateError(
+                f"{self._where(state_id, folder)} is {_kind(mode)}, not a State folder "
+                "FileStore made: move it out of the store"
+            )
+        return True
+
+    def _not_a_store(self, state_id: str) -> CorruptStateError:
+        return CorruptStateError(
+            f"State {state_id!r} in {self!r}: {self.path} is not a folder, so it holds no States"
+        )
+
     def _taken(self, state_id: str) -> StateExistsError:
         return StateExistsError(
             f"{self!r} already has a State with id {state_id!r}: continue it with "
@@ -379,7 +442,7 @@ class FileStore(Store):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
         try:
             os.fchmod(fd, _FILE_MODE)
-            last, valid = _last_seq(fd, path)
+            last, valid = _last_seq(fd, str(path))
             return self._append_new(fd, path, last, valid, entries)
         finally:
             os.close(fd)
@@ -440,6 +503,8 @@ class FileStore(Store):
     def _make_root(self) -> None:
         if self.path.is_dir():
             return
+        if self.path.exists() or self.path.is_symlink():
+            raise CorruptStateError(f"{self!r}: {self.path} is not a folder, so it holds no States")
         missing = []
         folder = self.path.absolute()
         while not folder.exists() and folder != folder.parent:
@@ -463,14 +528,20 @@ class FileStore(Store):
         """
         while True:
             try:
-                fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            except (FileNotFoundError, NotADirectoryError):
+                fd = os.open(folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
+            except FileNotFoundError:
                 raise StateNotFoundError(
                     f"no saved State with id {state_id!r} in {self!r}"
                 ) from None
-            except PermissionError:
+            except NotADirectoryError:  # a file or a link where the folder would be
+                if not self._present(state_id, folder):
+                    raise StateNotFoundError(
+                        f"no saved State with id {state_id!r} in {self!r}"
+                    ) from None
+                continue  # a folder now: made meanwhile
+            except PermissionError as e:
                 if sys.platform != "win32":
-                    raise
+                    raise self._denied(state_id, folder, e) from e
                 fd = -1  # Windows opens no folders: no lock, the folder's identity by path
             try:
                 if fd >= 0:
@@ -605,25 +676,27 @@ class FileStore(Store):
         """
         folder = self._folder(state_id)
         try:
-            with self._locked(folder, state_id, exclusive=False) as here:
-                snapshot_raw = _snapshot_bytes(folder)
+            with self._errors(state_id), self._locked(folder, state_id, exclusive=False) as here:
+                snapshot_raw = self._read_snapshot(state_id, folder)
                 if snapshot_raw is None:
-                    raise CorruptStateError(f"{folder} has no {SNAPSHOT}")
+                    raise CorruptStateError(f"{self._where(state_id, folder)} has no {SNAPSHOT}")
                 try:
-                    file = open(folder / ENTRIES, "rb")  # closed below, still locked
+                    fd = self._open_file(state_id, folder / ENTRIES, os.O_RDONLY)
                 except FileNotFoundError:
-                    raise CorruptStateError(f"{folder} has no {ENTRIES}") from None
+                    raise CorruptStateError(
+                        f"{self._where(state_id, folder)} has no {ENTRIES}"
+                    ) from None
                 # Parsed while locked, a chunk at a time, so that the file's bytes are never
                 # all in memory beside the entries made of them.
-                with file:
-                    entries = _read_entries(file, folder / ENTRIES)
+                with os.fdopen(fd, "rb") as file:  # closed here, still locked
+                    entries = _read_entries(file, self._where(state_id, folder / ENTRIES))
                 # Recorded while locked: a save of this store object in another thread that
                 # waits for the lock records its newer view after this one, never before.
                 self._seen[state_id] = _Seen(here, len(entries), _digest(snapshot_raw))
         except StateNotFoundError:
             return None
-        snapshot = loads(snapshot_raw, str(folder / SNAPSHOT))
-        return Record(entries, snapshot)
+        where = self._where(state_id, folder / SNAPSHOT)
+        return Record(entries, check_stored(loads(snapshot_raw, where), where))
 
     def list(self) -> list[SavedState]:
         """The saved States, most recently updated first (reads only the snapshots).
@@ -633,28 +706,53 @@ class FileStore(Store):
         raises the error).
         """
         saved = []
-        for name in self._names():
-            if name.startswith("."):  # a State being created, or being deleted
-                continue
-            try:
-                validate_id(name)
-            except ValueError:
-                logger.debug("not listing %s: not a State id", self.path / name)
-                continue
+        for name in self._state_names():
             path = self.path / name / SNAPSHOT
             try:
-                raw = _snapshot_bytes(self.path / name)
+                raw = self._read_snapshot(name, self.path / name)
                 if raw is None:
                     continue  # being deleted, or not a State's folder
-                snapshot = loads(raw, str(path))
-                saved.append(SavedState.from_snapshot(name, snapshot, str(path)))
-            except NotADirectoryError:
-                continue
-            except (CorruptStateError, SchemaVersionError) as e:
+                where = self._where(name, path)
+                saved.append(SavedState.from_snapshot(name, loads(raw, where), where))
+            except (CorruptStateError, SchemaVersionError, StorePermissionError) as e:
                 # One State that cannot be read does not hide the others; its load says why.
                 logger.warning("not listing State %r: %s: %s", name, type(e).__name__, e)
         saved.sort(key=lambda s: s.updated_at, reverse=True)
         return saved
+
+    def _state_names(self) -> builtins.list[str]:
+        """The names of the folders under the store's path that may be States.
+
+        Not a hidden folder (a State being created or deleted), a name that is not a State id,
+        a file or a symbolic link.
+        """
+        try:
+            found = builtins.list(os.scandir(self.path))
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError:
+            raise CorruptStateError(
+                f"{self!r}: {self.path} is not a folder, so it holds no States"
+            ) from None
+        except PermissionError as e:
+            raise StorePermissionError(
+                f"{self!r}: permission denied listing {self.path} ({e.strerror})"
+            ) from e
+        names = []
+        for item in found:
+            name = item.name
+            if name.startswith("."):
+                continue
+            try:
+                validate_id(name)
+                is_folder = item.is_dir(follow_symlinks=False)
+            except (ValueError, OSError):
+                is_folder = False
+            if not is_folder:
+                logger.debug("not listing %s: not a State's folder", self.path / name)
+                continue
+            names.append(name)
+        return names
 
     def delete(self, state_id: str) -> None:
         """Remove a State's folder; ``KeyError`` if there is none.
@@ -664,7 +762,7 @@ class FileStore(Store):
         """
         folder = self._folder(state_id)
         trash = self.path / f".{state_id}.{uuid.uuid4().hex[:12]}.deleted"
-        with self._locked(folder, state_id, exclusive=True):
+        with self._errors(state_id), self._locked(folder, state_id, exclusive=True):
             os.rename(folder, trash)  # atomic: the State is gone at once, whole
             self._seen.pop(state_id, None)
             shutil.rmtree(trash)  # still locked: a sweep leaves it to this process
@@ -673,20 +771,101 @@ class FileStore(Store):
     def _folder(self, state_id: str) -> Path:
         return self.path / validate_id(state_id)
 
+    # Opening what is on disk ----------------------------------------------------------
+
+    def _open_file(self, state_id: str, path: Path, flags: int) -> int:
+        """Open a file of a State; ``FileNotFoundError`` if there is none.
+
+        Only a regular file: a symbolic link, a folder, a fifo or a device where FileStore
+        keeps a file is ``CorruptStateError`` (a fifo is never waited on), a file this user
+        may not open ``StorePermissionError``.
+        """
+        try:
+            fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise self._denied(state_id, path, e) from e
+            if e.errno == errno.ELOOP:
+                raise self._foreign(state_id, path, "a symbolic link") from e
+            if e.errno in (errno.EISDIR, errno.ENXIO):
+                raise self._foreign(state_id, path, _kind(os.lstat(path).st_mode)) from e
+            if e.errno == errno.ENOTDIR:
+                raise self._foreign(state_id, path.parent, "not a folder") from e
+            raise
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise self._foreign(state_id, path, _kind(mode))
+            if _NONBLOCK:
+                os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _read_snapshot(self, state_id: str, folder: Path) -> bytes | None:
+        """The bytes of a State's snapshot, or ``None`` if it has none."""
+        try:
+            fd = self._open_file(state_id, folder / SNAPSHOT, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as file:
+            return file.read()
+
+    def _foreign(self, state_id: str, path: Path, kind: str) -> CorruptStateError:
+        return CorruptStateError(
+            f"{self._where(state_id, path)} is {kind}, not a file FileStore wrote"
+        )
+
+    def _denied(self, state_id: str, path: Path, e: OSError) -> StorePermissionError:
+        return StorePermissionError(
+            f"{self._where(state_id, path)}: permission denied; FileStore's files and folders "
+            "must belong to the user that runs it (modes 0600 and 0700)"
+        )
+
+    @contextlib.contextmanager
+    def _errors(self, state_id: str) -> Iterator[None]:
+        """Name the State in an error of the file system that the steps did not name.
+
+        ``PermissionError`` becomes ``StorePermissionError``; a folder where a file should be
+        or a file where a folder should be (``IsADirectoryError``, ``NotADirectoryError``)
+        becomes ``CorruptStateError``. Store errors and other ``OSError`` pass as they are.
+        """
+        try:
+            yield
+        except StoreError:
+            raise
+        except PermissionError as e:
+            raise self._denied(state_id, Path(e.filename or self.path), e) from e
+        except (IsADirectoryError, NotADirectoryError) as e:
+            raise CorruptStateError(
+                f"{self._where(state_id, Path(e.filename or self.path))}: {e.strerror}: not "
+                "what FileStore keeps there"
+            ) from e
+
 
 def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _snapshot_bytes(folder: Path) -> bytes | None:
-    """The bytes of a State's snapshot, or ``None`` if it has none."""
-    try:
-        return (folder / SNAPSHOT).read_bytes()
-    except FileNotFoundError:
-        return None
+def _kind(mode: int) -> str:
+    """What a file of ``mode`` is, for a message (``a folder``, ``a fifo``)."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a fifo"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a file" if stat.S_ISREG(mode) else "not a regular file"
 
 
-def _read_entries(file: BinaryIO, path: Path) -> list[Any]:
+def _read_entries(file: BinaryIO, path: str) -> list[Any]:
     """Parse the complete lines of an entries file; the part after the last newline is torn.
 
     The cyclic garbage collector is paused meanwhile (see :mod:`alpineagents._gc`).
@@ -695,7 +874,7 @@ def _read_entries(file: BinaryIO, path: Path) -> list[Any]:
         return _parse_file(file, path)
 
 
-def _parse_file(file: BinaryIO, path: Path) -> list[Any]:
+def _parse_file(file: BinaryIO, path: str) -> list[Any]:
     entries: list[Any] = []
     held: list[bytes] = []  # the start of a line that goes on in the next chunk
     while chunk := file.read(_READ_CHUNK):
@@ -721,7 +900,7 @@ def _parse_file(file: BinaryIO, path: Path) -> list[Any]:
 _quick_json: Final = partial(pydantic_core.from_json, allow_inf_nan=True, cache_strings=True)
 
 
-def _parse_lines(lines: bytes, path: Path, entries: list[Any]) -> None:
+def _parse_lines(lines: bytes, path: str, entries: list[Any]) -> None:
     """Append the JSON values of ``lines`` (whole lines, each ending with a newline).
 
     Each line is parsed on its own: joined into one JSON array, a value that goes on over two
@@ -760,18 +939,24 @@ def _remove_files(folder: Path, names: Sequence[str]) -> None:
             os.unlink(folder / name)
 
 
-def _last_seq(fd: int, path: Path) -> tuple[int, int]:
-    """The seq of the last complete line and the size up to its end (-1, 0 if none)."""
+def _last_seq(fd: int, path: str) -> tuple[int, int]:
+    """The seq of the last complete line and the size up to its end (-1, 0 if none).
+
+    ``path`` names the file in errors: a last entry that is damaged, has no seq, or is of a
+    newer schema (``SchemaVersionError``) refuses the write before it writes a byte.
+    """
     size = os.fstat(fd).st_size
     end = _rfind_newline(fd, size)
     if end < 0:
         return -1, 0
     start = _rfind_newline(fd, end) + 1
     line = os.pread(fd, end - start, start)
-    entry = loads(line, f"the last entry of {path}")
-    if not isinstance(entry, dict) or not isinstance(entry.get("seq"), int):
-        raise CorruptStateError(f"the last entry of {path} has no seq")
-    return entry["seq"], end + 1
+    where = f"the last entry of {path}"
+    entry = check_stored(loads(line, where), where)
+    seq = entry.get("seq")
+    if type(seq) is not int or seq < 0:
+        raise CorruptStateError(f"{where} has no seq")
+    return seq, end + 1
 
 
 def _last_lines(fd: int, end: int, count: int) -> list[bytes]:

@@ -76,7 +76,9 @@ def test_a_damaged_line_in_the_middle_is_an_error_naming_the_file(tmp_path: Path
     entries = tmp_path / "bad" / "entries.jsonl"
     lines = entries.read_bytes().split(b"\n")
     entries.write_bytes(b"\n".join([b"garbage", *lines[1:]]))
-    with pytest.raises(Exception, match=r"line 1 of .*entries\.jsonl is not valid JSON"):
+    with pytest.raises(
+        CorruptStateError, match=r"line 1 of .*entries\.jsonl \(State 'bad'\) is not valid JSON"
+    ):
         store.load("bad")
 
 
