@@ -39,6 +39,7 @@ Each is written while its writer holds the lock of the folder it is in, so
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import errno
@@ -46,6 +47,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import sys
@@ -53,6 +55,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -78,7 +81,7 @@ from alpineagents.store import Record, SavedState, Store
 if sys.platform != "win32":
     import fcntl
 
-__all__ = ["FileStore"]
+__all__ = ["Check", "Deleted", "FileStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,10 +96,51 @@ _CHUNK = 64 * 1024
 # for abandoned only when its folder has not changed for this many seconds.
 UNLOCKED_LEFTOVER_AGE = 3600.0
 _LEFTOVER_SUFFIXES = (".new", ".deleted")
+_LEFTOVER: Final = re.compile(r"\.([A-Za-z0-9_-]{1,128})\.[0-9a-f]{12}\.(?:new|deleted)")
+# A snapshot ends with its updated_at (the serialiser writes it last): the end of the file
+# ranks it for list(limit=...) without reading it all.
+_TAIL = 128
+_UPDATED_AT_AT_END: Final = re.compile(rb'"updated_at":"([0-9T:.+\-]{10,40})"\}\s*\Z')
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 # A fifo where a file should be would make a plain open wait for a writer: never wait.
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """What :meth:`FileStore.delete` removed of one State.
+
+    Attributes:
+        state_id: The State's id.
+        files: Files removed: the State's own and those of its leftover folders.
+        leftovers: Leftover folders of the State removed (of killed creates and deletes; with
+            ``purge=True`` also of ones that were still being written).
+        purged: Whether it was a purge.
+    """
+
+    state_id: str
+    files: int
+    leftovers: int
+    purged: bool = False
+
+    def __str__(self) -> str:
+        files = f"{self.files} file{'' if self.files == 1 else 's'}"
+        folders = f"{self.leftovers} leftover folder{'' if self.leftovers == 1 else 's'}"
+        how = "purged" if self.purged else "removed"
+        return f"{how} State {self.state_id!r}: {files}, {folders}"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of :meth:`FileStore.doctor`: what it checked, whether it passed, and how."""
+
+    name: str
+    ok: bool
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{'ok' if self.ok else 'FAILED'}  {self.name}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -503,7 +547,7 @@ class FileStore(Store):
     def _make_root(self) -> None:
         if self.path.is_dir():
             return
-        if self.path.exists() or self.path.is_symlink():
+        if os.path.lexists(self.path) and not self.path.is_dir():  # a folder made meanwhile is fine
             raise CorruptStateError(f"{self!r}: {self.path} is not a folder, so it holds no States")
         missing = []
         folder = self.path.absolute()
@@ -620,7 +664,7 @@ class FileStore(Store):
             for name in self._names():
                 if name.startswith(".") and name.endswith(_LEFTOVER_SUFFIXES):
                     path = self.path / name
-                    if self._abandoned(path, partial(shutil.rmtree, path)):
+                    if self._abandoned(path, partial(_remove_tree, path)):
                         logger.info("removed %s, left by a killed process", path)
                         removed.append(path)
         except OSError as e:
@@ -667,6 +711,69 @@ class FileStore(Store):
         except FileNotFoundError:
             return []
 
+    # Checks --------------------------------------------------------------------------------
+
+    def doctor(self) -> builtins.list[Check]:
+        """Check that this store can work where it is; one :class:`Check` per promise.
+
+        ``folder``: the store's folder exists, or can be made (its nearest existing parent is
+        a folder this user may write in). ``writable``: a file can be written and read back
+        there. ``modes``: a folder made ``0700`` and a file made ``0600`` keep those modes (some
+        file systems, such as a mounted Windows share, do not). ``locks``: advisory locks
+        (``flock``) work on this file system, so two writers are kept apart. The checks write
+        only in a hidden folder, ``.doctor.<hex>``, removed before this returns (in the
+        nearest existing parent when the store's folder does not exist yet).
+        """
+        checks = []
+        base = self.path.absolute()
+        while not base.exists() and base != base.parent:
+            base = base.parent
+        if base == self.path.absolute() and base.is_dir():
+            mode = stat.S_IMODE(os.stat(base).st_mode)
+            note = "" if mode == _DIR_MODE else f" (mode {mode:04o}; the States' own are 0700)"
+            checks.append(Check("folder", True, f"{self.path} exists{note}"))
+        elif base.is_dir() and os.access(base, os.W_OK | os.X_OK):
+            checks.append(
+                Check("folder", True, f"{self.path} does not exist yet; the first save makes it")
+            )
+        else:
+            what = "is not a folder" if base == self.path.absolute() else "cannot be made"
+            checks.append(Check("folder", False, f"{self.path} {what} (nearest: {base})"))
+            return [*checks, *(Check(n, False, "not checked: no folder") for n in _PROBES)]
+        probe = base / f".doctor.{uuid.uuid4().hex[:12]}"
+        try:
+            checks += self._probe(probe)
+        finally:
+            with contextlib.suppress(OSError):
+                _remove_tree(probe)
+        return checks
+
+    def _probe(self, probe: Path) -> builtins.list[Check]:
+        """The checks of ``doctor`` that write: in the folder ``probe``, made here."""
+        try:
+            os.mkdir(probe, _DIR_MODE)
+            os.chmod(probe, _DIR_MODE)
+            self._write_file(probe / "file", b"{}")
+            back = (probe / "file").read_bytes()
+        except OSError as e:
+            return [Check(n, False, f"cannot write in {probe.parent}: {e}") for n in _PROBES]
+        if back != b"{}":
+            return [Check(n, False, f"{probe / 'file'} reads back other bytes") for n in _PROBES]
+        checks = [Check("writable", True, f"wrote and read back a file in {probe.parent}")]
+        modes = (
+            stat.S_IMODE(os.stat(probe).st_mode),
+            stat.S_IMODE(os.stat(probe / "file").st_mode),
+        )
+        checks.append(
+            Check(
+                "modes",
+                modes == (_DIR_MODE, _FILE_MODE),
+                f"a folder made 0700 is {modes[0]:04o}, a file made 0600 is {modes[1]:04o}",
+            )
+        )
+        checks.append(_lock_check(probe))
+        return checks
+
     # Reading ---------------------------------------------------------------------------
 
     def read(self, state_id: str) -> Record | None:
@@ -698,27 +805,90 @@ class FileStore(Store):
         where = self._where(state_id, folder / SNAPSHOT)
         return Record(entries, check_stored(loads(snapshot_raw, where), where))
 
-    def list(self) -> list[SavedState]:
+    def list(self, *, limit: int | None = None) -> builtins.list[SavedState]:
         """The saved States, most recently updated first (reads only the snapshots).
+
+        ``limit``: only the ``limit`` most recently updated, the first ``limit`` of the whole
+        list. Cheaper than listing all: a snapshot ends with its ``updated_at``, so the end of
+        each file (a hundred bytes) ranks the States, and only the newest are read whole.
 
         A folder whose name is not a State id is not listed; a State whose snapshot is damaged
         or of a newer schema is left out with a warning on this module's logger (its ``load``
         raises the error).
         """
-        saved = []
-        for name in self._state_names():
-            path = self.path / name / SNAPSHOT
-            try:
-                raw = self._read_snapshot(name, self.path / name)
-                if raw is None:
-                    continue  # being deleted, or not a State's folder
-                where = self._where(name, path)
-                saved.append(SavedState.from_snapshot(name, loads(raw, where), where))
-            except (CorruptStateError, SchemaVersionError, StorePermissionError) as e:
-                # One State that cannot be read does not hide the others; its load says why.
-                logger.warning("not listing State %r: %s: %s", name, type(e).__name__, e)
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise ValueError(f"limit must be an int >= 0 or None, not {limit!r}")
+        names = self._state_names()
+        if limit is not None and limit < len(names):
+            return self._newest(names, limit)
+        saved = [summary for name in names if (summary := self._summary(name)) is not None]
         saved.sort(key=lambda s: s.updated_at, reverse=True)
-        return saved
+        return saved if limit is None else saved[:limit]
+
+    async def alist(self, *, limit: int | None = None) -> builtins.list[SavedState]:
+        """Async ``list``, on a worker thread."""
+        return await asyncio.to_thread(self.list, limit=limit)
+
+    def _summary(self, name: str) -> SavedState | None:
+        """The summary of one State for ``list``, or ``None`` (a warning says why, if not gone)."""
+        path = self.path / name / SNAPSHOT
+        try:
+            raw = self._read_snapshot(name, self.path / name)
+            if raw is None:
+                return None  # being deleted, or not a State's folder
+            where = self._where(name, path)
+            return SavedState.from_snapshot(name, loads(raw, where), where)
+        except (CorruptStateError, SchemaVersionError, StorePermissionError) as e:
+            # One State that cannot be read does not hide the others; its load says why.
+            logger.warning("not listing State %r: %s: %s", name, type(e).__name__, e)
+            return None
+
+    def _newest(self, names: builtins.list[str], limit: int) -> builtins.list[SavedState]:
+        """The first ``limit`` of ``list()``, reading the end of each snapshot to rank them.
+
+        The same States in the same order as the whole list: ties keep the folder's order, a
+        snapshot whose end does not name its time is read whole, and one whose whole
+        ``updated_at`` is not what its end said sends the list back to reading them all.
+        """
+        ranked: builtins.list[tuple[datetime, str, SavedState | None]] = []
+        for name in names:
+            when = self._updated_at_from_end(name)
+            if when is not None:
+                ranked.append((when, name, None))
+            elif (summary := self._summary(name)) is not None:
+                ranked.append((summary.updated_at, name, summary))
+        ranked.sort(key=lambda item: item[0], reverse=True)
+        newest: builtins.list[SavedState] = []
+        for when, name, summary in ranked:
+            if len(newest) == limit:
+                break
+            summary = summary or self._summary(name)
+            if summary is None:
+                continue  # damaged, or deleted meanwhile: the next one takes its place
+            if summary.updated_at != when:
+                return self.list()[:limit]  # changed meanwhile: rank them all again
+            newest.append(summary)
+        return newest
+
+    def _updated_at_from_end(self, name: str) -> datetime | None:
+        """The ``updated_at`` a snapshot ends with, or ``None`` if its end does not say."""
+        try:
+            fd = self._open_file(name, self.path / name / SNAPSHOT, os.O_RDONLY)
+        except (FileNotFoundError, StoreError):
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            tail = os.pread(fd, _TAIL, max(0, size - _TAIL))
+        finally:
+            os.close(fd)
+        found = _UPDATED_AT_AT_END.search(tail)
+        if found is None:
+            return None
+        try:
+            when = datetime.fromisoformat(found[1].decode("ascii"))
+        except ValueError:
+            return None
+        return when if when.tzinfo is not None else None
 
     def _state_names(self) -> builtins.list[str]:
         """The names of the folders under the store's path that may be States.
@@ -754,19 +924,82 @@ class FileStore(Store):
             names.append(name)
         return names
 
-    def delete(self, state_id: str) -> None:
-        """Remove a State's folder; ``KeyError`` if there is none.
+    def delete(  # type: ignore[override]  # the contract's delete returns None; this says what it removed
+        self, state_id: str, *, purge: bool = False
+    ) -> Deleted:
+        """Remove a State's folder; ``KeyError`` if there is none. Returns what it removed.
 
         Waits for a write of the State in progress; a later save of it raises ``KeyError``
-        (``StateNotFoundError``). Then sweeps the leftovers of killed creates and deletes.
+        (``StateNotFoundError``). Then sweeps the leftovers of killed creates and deletes
+        whose writer is gone.
+
+        ``purge=True`` also removes every leftover of this State, waiting for the writer of
+        one that is alive: when it returns, nothing of the State is left under the store's
+        path (the hidden ``.<id>.<hex>.new`` and ``.<id>.<hex>.deleted`` folders included).
+        A purge of an id whose folder is gone but whose leftovers are not (a delete killed
+        halfway) removes them; ``KeyError`` only when there is nothing of it at all. The file
+        system may keep the bytes of removed files on disk until it reuses them.
         """
         folder = self._folder(state_id)
-        trash = self.path / f".{state_id}.{uuid.uuid4().hex[:12]}.deleted"
-        with self._errors(state_id), self._locked(folder, state_id, exclusive=True):
-            os.rename(folder, trash)  # atomic: the State is gone at once, whole
-            self._seen.pop(state_id, None)
-            shutil.rmtree(trash)  # still locked: a sweep leaves it to this process
-        self._sweep_top(quiet=True)
+        files = 0
+        found = True
+        with self._errors(state_id):
+            try:
+                with self._locked(folder, state_id, exclusive=True):
+                    trash = self.path / f".{state_id}.{uuid.uuid4().hex[:12]}.deleted"
+                    os.rename(folder, trash)  # atomic: the State is gone at once, whole
+                    self._seen.pop(state_id, None)
+                    files += _remove_tree(trash)  # still locked: a sweep leaves it to this process
+            except StateNotFoundError:
+                if not purge:
+                    raise
+                found = False
+            leftovers = 0
+            if purge:
+                for path in self._leftovers_of(state_id):
+                    removed = self._remove_when_free(path)
+                    if removed is not None:
+                        files, leftovers = files + removed, leftovers + 1
+                if self.fsync:
+                    _fsync_dir(self.path)
+        swept = [p for p in self._sweep_top(quiet=True) if _leftover_id(p.name) == state_id]
+        leftovers += len(swept)
+        if not found and not leftovers:
+            raise StateNotFoundError(f"no saved State with id {state_id!r} in {self!r}")
+        report = Deleted(state_id, files, leftovers, purge)
+        logger.info("%s from %r", report, self)
+        return report
+
+    async def adelete(  # type: ignore[override]  # as delete: returns what it removed
+        self, state_id: str, *, purge: bool = False
+    ) -> Deleted:
+        """Async ``delete``, on a worker thread."""
+        return await asyncio.to_thread(self.delete, state_id, purge=purge)
+
+    def _leftovers_of(self, state_id: str) -> builtins.list[Path]:
+        """The hidden folders of creates and deletes of ``state_id``, alive or killed."""
+        return [self.path / name for name in self._names() if _leftover_id(name) == state_id]
+
+    def _remove_when_free(self, path: Path) -> int | None:
+        """Remove a leftover folder once its writer's lock is free: files removed, or None.
+
+        None when it is gone by then (its writer renamed or removed it).
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            self._lock(fd, path, exclusive=True, wait=True)
+            try:
+                now, held = os.stat(path), os.fstat(fd)
+            except FileNotFoundError:
+                return None
+            if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+                return None
+            return _remove_tree(path)
+        finally:
+            os.close(fd)
 
     def _folder(self, state_id: str) -> Path:
         return self.path / validate_id(state_id)
@@ -931,6 +1164,61 @@ def _same_entry(line: bytes, entry: dict[str, Any], where: str) -> bool:
     """Whether a stored line holds ``entry`` (the same bytes, or the same JSON)."""
     sent = dumps(entry)
     return line == sent or bool(loads(line, where) == loads(sent, where))
+
+
+_PROBES = ("writable", "modes", "locks")
+
+
+def _lock_check(folder: Path) -> Check:
+    """Whether ``flock`` works on the file system of ``folder``: a second lock must wait."""
+    if sys.platform == "win32":
+        return Check(
+            "locks", False, "no flock on Windows: two writers at the same instant can both land"
+        )
+    first = os.open(folder, os.O_RDONLY)
+    second = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            return Check("locks", False, f"{folder}: the file system refuses flock ({e})")
+        try:
+            fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return Check("locks", True, "flock keeps a second writer waiting")
+        return Check(
+            "locks", False, f"{folder}: flock does not keep writers apart on this file system"
+        )
+    finally:
+        os.close(second)
+        os.close(first)
+
+
+def _leftover_id(name: str) -> str | None:
+    """The State id of a leftover folder's name (``.<id>.<hex>.new``), or None."""
+    found = _LEFTOVER.fullmatch(name)
+    return found[1] if found else None
+
+
+def _remove_tree(top: Path) -> int:
+    """Remove a folder and everything in it, never following a link; the files removed."""
+    count = 0
+    for folder, folders, names in os.walk(top, topdown=False):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+                count += 1
+        for name in folders:
+            path = os.path.join(folder, name)
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.islink(path):
+                    os.unlink(path)
+                    count += 1
+                else:
+                    os.rmdir(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(top)
+    return count
 
 
 def _remove_files(folder: Path, names: Sequence[str]) -> None:
