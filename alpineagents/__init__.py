@@ -16,6 +16,7 @@ from alpineagents.errors import (
     StateExistsError,
     StateNotFoundError,
     StoreError,
+    StorePermissionError,
 )
 from alpineagents.filestore import FileStore
 from alpineagents.model import Model, ModelRequest, ModelResponse
@@ -48,6 +49,7 @@ __all__ = [
     "StateNotFoundError",
     "Store",
     "StoreError",
+    "StorePermissionError",
     "Tool",
     "open_store",
 ]

@@ -9,11 +9,19 @@ a save: it rebuilds a State from what a store read and records that the store ha
 Only this module reads and writes ``State._saved`` (a :class:`~alpineagents.state.SaveRecord`).
 It knows a store only as something with ``write``/``awrite`` that compares with ``==``; the
 public entry points are ``Store.save``/``asave`` and ``Store.load``/``aload``.
+
+While a save's write runs, :func:`basis` answers what the copy being saved last saw of its
+State in the store (a :class:`Basis`). The Store contract does not carry it: ``write`` keeps
+its arguments, and the snapshot is the same opaque dict for every store. A store of this
+repository that checks for a second writer (FileStore) reads it, so that the check follows
+the copy's own history rather than the memory of the store object that happens to write it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -22,9 +30,11 @@ from alpineagents._serialize import entry_to_dict, same_snapshot, snapshot_of, s
 from alpineagents.state import TOOL_RESULT, SaveRecord, State, utcnow
 
 __all__ = [
+    "Basis",
     "Pending",
     "Writer",
     "asave",
+    "basis",
     "check_store",
     "done",
     "plan",
@@ -64,6 +74,59 @@ class Pending:
     snapshot: dict[str, Any] | None
     create: bool
     count: int  # len(state.history) when planned
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What the copy of a State being saved last saw of it in the store.
+
+    Attributes:
+        state_id: The State's id.
+        count: How many history entries the store had, as far as this copy knows.
+        snapshot: The snapshot this copy last saved or loaded.
+        tried: Snapshots of this copy's writes since, whose write did not report success
+            (it failed, or was cancelled): each may have landed all the same.
+    """
+
+    state_id: str
+    count: int
+    snapshot: dict[str, Any]
+    tried: tuple[dict[str, Any], ...]
+
+
+# The write under way in this context (a thread, or a task; asyncio.to_thread takes it along).
+_writing: ContextVar[Basis | None] = ContextVar("alpineagents_saving_basis", default=None)
+
+# How many snapshots of failed writes a copy keeps in ``SaveRecord.tried``. Past that, the
+# oldest is forgotten: finding it on disk then refuses the save (a safe mistake: load again).
+_TRIED_KEPT = 8
+
+
+def basis(state_id: str) -> Basis | None:
+    """The basis of the save of ``state_id`` that is writing in this context, or ``None``.
+
+    ``None`` for a create, and for a write made through the Store API directly (not by a
+    save of a State).
+    """
+    current = _writing.get()
+    return current if current is not None and current.state_id == state_id else None
+
+
+@contextmanager
+def _writing_from(state: State, pending: Pending) -> Iterator[None]:
+    """Make ``state``'s basis the answer of :func:`basis` while its write runs."""
+    saved = state._saved
+    if pending.create or saved.snapshot is None:
+        yield
+        return
+    token = _writing.set(Basis(state.id, saved.count, saved.snapshot, tuple(saved.tried)))
+    if pending.snapshot is not None:
+        # Recorded before the write: a write that fails or is cancelled may still land.
+        saved.tried = [*saved.tried[-(_TRIED_KEPT - 1) :], pending.snapshot]
+    try:
+        yield
+    finally:
+        _writing.reset(token)
 
 
 def saved_in(state: State) -> object | None:
@@ -131,6 +194,7 @@ def done(state: State, store: object, pending: Pending) -> None:
     saved.count = max(saved.count, pending.count)
     if pending.snapshot is not None:
         saved.snapshot = pending.snapshot
+        saved.tried = []  # the store has this snapshot: none tried before can be there now
         state.updated_at = datetime.fromisoformat(pending.snapshot["updated_at"])
 
 
@@ -140,7 +204,8 @@ def save(store: Writer, state: State, *, entries_only: bool = False) -> bool:
     pending = plan(state, entries_only=entries_only)
     if pending is None:
         return False
-    store.write(state.id, pending.entries, pending.snapshot, create=pending.create)
+    with _writing_from(state, pending):
+        store.write(state.id, pending.entries, pending.snapshot, create=pending.create)
     done(state, store, pending)
     return True
 
@@ -151,19 +216,25 @@ async def asave(store: Writer, state: State, *, entries_only: bool = False) -> b
     pending = plan(state, entries_only=entries_only)
     if pending is None:
         return False
-    await store.awrite(state.id, pending.entries, pending.snapshot, create=pending.create)
+    with _writing_from(state, pending):
+        await store.awrite(state.id, pending.entries, pending.snapshot, create=pending.create)
     done(state, store, pending)
     return True
 
 
 def restore(
-    store: object, state_id: str, entries: Sequence[dict[str, Any]], snapshot: Any
+    store: object,
+    state_id: str,
+    entries: Sequence[dict[str, Any]],
+    snapshot: Any,
+    owner: str = "",
 ) -> tuple[State, int]:
     """Rebuild a State from what ``store`` read, recorded as saved there in full.
 
     Returns the State and how many entries its snapshot accounts for (see
-    :func:`alpineagents._serialize.state_from_record`).
+    :func:`alpineagents._serialize.state_from_record`, which names the State as ``owner`` in
+    its errors).
     """
-    state, covered = state_from_record(state_id, entries, snapshot)
+    state, covered = state_from_record(state_id, entries, snapshot, owner)
     state._saved = SaveRecord(store, len(state.history), snapshot)
     return state, covered

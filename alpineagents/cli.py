@@ -2,12 +2,13 @@
 
     alpineagents ls STORE                 the saved States, newest first (--json, --limit, ...)
     alpineagents show STORE ID            one State as a readable transcript (--json: all of it)
-    alpineagents rm STORE ID...           remove States (asks first unless --yes)
+    alpineagents rm STORE ID...           remove States (asks first unless --yes; --purge)
     alpineagents export STORE ID [-o F]   one State as a self-contained JSON document
     alpineagents import STORE FILE        write an exported State into a store
     alpineagents cp SRC DST [ID...]       copy States between stores (all of them without ids)
     alpineagents mv SRC DST [ID...]       move States: copy, then remove from SRC
     alpineagents sweep STORE              remove what killed processes left behind
+    alpineagents doctor STORE             check that a store can work where it is
 
 STORE, SRC and DST are a folder (a FileStore), file://PATH, s3://BUCKET/PREFIX
 (pip install alpineagents-s3), or any scheme a plugin registers in the alpineagents.stores
@@ -18,16 +19,21 @@ already holds identically are skipped. A different State under the same id is re
 --skip-existing or --overwrite says otherwise. The Python API behind them is
 alpineagents.transfer.
 
+On a terminal, ls shows the newest screenful and says how to see more (--all, --limit N);
+piped or with --json it prints every State.
+
 Exit status:
     0    success
-    1    failure: the store could not be read or written, credentials, a corrupt State, ...
+    1    failure: the store could not be read or written, credentials, a corrupt State,
+         a check of doctor that failed, ...
     2    usage: bad arguments, an invalid id or store URL, a removal not confirmed
     3    not found: no such State, folder, bucket or file
     4    conflict: the destination has a different State under the same id
     130  interrupted (Ctrl+C)
     141  the output pipe was closed (alpineagents ls STORE | head -1); nothing is printed
 
-Set ALPINEAGENTS_DEBUG=1 to get a traceback instead of the one-line error.
+Set ALPINEAGENTS_DEBUG=1 to get a traceback instead of the one-line error. User info in a
+URL (http://KEY:SECRET@host) is printed as *** in errors, tracebacks and store names.
 """
 
 from __future__ import annotations
@@ -35,8 +41,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from alpineagents._cli.redact import redact
 from alpineagents._cli.status import (
     EXIT_CONFLICT,
     EXIT_FAILURE,
@@ -47,6 +56,9 @@ from alpineagents._cli.status import (
     EXIT_USAGE,
     CommandError,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 __all__ = [
     "EXIT_CONFLICT",
@@ -63,8 +75,15 @@ __all__ = [
 _EPILOG = __doc__[__doc__.index("STORE, SRC") :] if __doc__ else ""
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors and help print no URL's user info."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        super()._print_message(redact(message), file)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="alpineagents",
         description="Look at, tidy, copy and archive saved alpineagents States.",
         epilog=_EPILOG,
@@ -86,7 +105,13 @@ def _parser() -> argparse.ArgumentParser:
     ls = command("ls", "list the saved States, most recently updated first", ["list"])
     ls.add_argument("store", metavar="STORE")
     ls.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
-    ls.add_argument("--limit", type=int, metavar="N", help="at most N States (after filters)")
+    how_many = ls.add_mutually_exclusive_group()
+    how_many.add_argument("--limit", type=int, metavar="N", help="at most N States (after filters)")
+    how_many.add_argument(
+        "--all",
+        action="store_true",
+        help="every State, on a terminal too (which shows the newest screenful by default)",
+    )
     ls.add_argument(
         "--stopped-by",
         choices=["reply", "finish", "ask", "max_steps", "none"],
@@ -106,6 +131,12 @@ def _parser() -> argparse.ArgumentParser:
     rm.add_argument("store", metavar="STORE")
     rm.add_argument("ids", metavar="ID", nargs="+")
     rm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    rm.add_argument(
+        "--purge",
+        action="store_true",
+        help="also remove every version and leftover of each State (for a store whose "
+        "delete() takes purge=, such as a folder or s3://)",
+    )
 
     export = command("export", "write one State as a self-contained JSON document")
     export.add_argument("store", metavar="STORE")
@@ -139,6 +170,11 @@ def _parser() -> argparse.ArgumentParser:
         help="for stores that go by age (S3): only leftovers older than AGE (30m, 12h, 7d); "
         "default 1d",
     )
+    doctor = command(
+        "doctor",
+        "check that a store can work where it is (its own checks: folder, modes, locks, ...)",
+    )
+    doctor.add_argument("store", metavar="STORE")
     return parser
 
 
@@ -189,12 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _closed_pipe()
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
-    except Exception as e:
-        if os.environ.get("ALPINEAGENTS_DEBUG"):
-            raise
+    except Exception as e:  # noqa: BLE001 - printed as a one-line error or a redacted traceback
         message, status = _explain(e)
-        if message is None:
-            raise
+        if message is None or os.environ.get("ALPINEAGENTS_DEBUG"):
+            # A traceback, as Python prints one, but without a URL's user info.
+            _flush_quietly()
+            text = "".join(traceback.format_exception(e))
+            print(redact(text), end="", file=sys.stderr)
+            return status
         return _fail(message, status)
 
 
@@ -203,8 +241,15 @@ def _fail(message: str, status: int) -> int:
         sys.stdout.flush()
     except BrokenPipeError:
         return _closed_pipe()
-    print(f"alpineagents: error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"alpineagents: error: {redact(' '.join(message.split()))}", file=sys.stderr)
     return status
+
+
+def _flush_quietly() -> None:
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
 
 
 def _closed_pipe() -> int:

@@ -2,7 +2,8 @@
 
 Every error the library raises on its own account derives from :class:`AlpineAgentsError`.
 Where the user guide names a builtin (a taken id is a ``ValueError``, an unknown id a
-``KeyError``), the error derives from that builtin too, so ``except ValueError:`` works.
+``KeyError``), the error derives from that builtin too, so ``except ValueError:`` works; so
+does a store's refusal of access (a ``PermissionError``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "StateExistsError",
     "StateNotFoundError",
     "StoreError",
+    "StorePermissionError",
 ]
 
 
@@ -38,6 +40,13 @@ class StateNotFoundError(StoreError, KeyError):
     def __str__(self) -> str:
         # KeyError quotes its argument; the message reads better as it is.
         return str(self.args[0]) if self.args else ""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store refused access to a State or to its place (a file's mode, a bucket policy).
+
+    A ``PermissionError`` too, so ``except PermissionError:`` works.
+    """
 
 
 class CorruptStateError(StoreError):

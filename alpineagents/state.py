@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -75,11 +75,14 @@ class SaveRecord:
         store: The store the State is saved in (compared with ``==``), or ``None``.
         count: How many history entries the store has.
         snapshot: The snapshot the store has, or ``None`` for a State never saved.
+        tried: Snapshots written since, by writes that did not report success: any of them
+            may be the one the store has (see :class:`alpineagents._saving.Basis`).
     """
 
     store: object | None = None
     count: int = 0
     snapshot: dict[str, Any] | None = None
+    tried: list[dict[str, Any]] = field(default_factory=list)
 
 
 class State:

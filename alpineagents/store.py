@@ -232,21 +232,30 @@ class Store:
         if record is None:
             raise StateNotFoundError(f"no saved State with id {state_id!r} in {self!r}")
         try:
-            state, covered = _saving.restore(self, state_id, list(record.entries), record.snapshot)
+            state, covered = _saving.restore(
+                self, state_id, list(record.entries), record.snapshot, self._state_place(state_id)
+            )
             continue_loaded(state, covered)
         except DamagedStateError as e:
             # The rebuild named the entry (or the snapshot) and the field; name the store too.
-            error = CorruptStateError(f"State {state_id!r} in {self!r}, {e.detail}")
+            error = CorruptStateError(f"{self._state_place(state_id)}, {e.detail}")
             raise error.with_traceback(e.__traceback__) from None
         except StoreError:
             raise
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             # A field of the wrong type or shape: the stored State is damaged, whatever failed.
             raise CorruptStateError(
-                f"State {state_id!r} in {self!r} cannot be rebuilt from what is stored: "
+                f"{self._state_place(state_id)} cannot be rebuilt from what is stored: "
                 f"{type(e).__name__}: {e}"
             ) from e
         return state
+
+    def _state_place(self, state_id: str) -> str:
+        """How an error of a load names the State: ``State 'x' in <the store's repr>``.
+
+        A store whose States have a place of their own (a folder) adds it.
+        """
+        return f"State {state_id!r} in {self!r}"
 
     # Sync/async defaults ---------------------------------------------------------------
 

@@ -294,9 +294,13 @@ def test_show_transcribes_compactions_notices_and_unknown_kinds(cli: Any, tmp_pa
 def test_rm_with_yes_reports_what_it_removed(cli: Any, folder: Path) -> None:
     run = cli("rm", str(folder), "run-0", "run-2", "--yes")
     assert run.status == EXIT_OK
-    assert run.out == "removed run-0\nremoved run-2\n"
+    # What FileStore.delete reports (the str() of its result).
+    assert run.out == (
+        "removed State 'run-0': 2 files, 0 leftover folders\n"
+        "removed State 'run-2': 2 files, 0 leftover folders\n"
+    )
     assert [s.id for s in FileStore(folder).list()] == ["run-1"]
-    assert cli("delete", str(folder), "run-1", "-y").out == "removed run-1\n"
+    assert cli("delete", str(folder), "run-1", "-y").out.startswith("removed State 'run-1': ")
 
 
 class Terminal(io.StringIO):
@@ -314,7 +318,7 @@ def test_rm_asks_on_a_terminal(cli: Any, folder: Path, monkeypatch: pytest.Monke
     assert len(FileStore(folder).list()) == 3
     monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
     run = cli("rm", str(folder), "run-0")
-    assert run.status == EXIT_OK and run.out == "removed run-0\n"
+    assert run.status == EXIT_OK and run.out.startswith("removed State 'run-0': 2 files")
     assert len(FileStore(folder).list()) == 2
 
 

@@ -224,7 +224,8 @@ def test_a_load_builds_no_message_for_good_lines(
 
     monkeypatch.setattr(filestore_module, "loads", counting)
     assert store.load("big").history == state.history
-    assert wheres == [str(tmp_path / "big" / "snapshot.json")]  # the snapshot alone
+    # The snapshot alone, named with its State.
+    assert wheres == [f"{tmp_path / 'big' / 'snapshot.json'} (State 'big')"]
 
 
 @pytest.mark.parametrize(

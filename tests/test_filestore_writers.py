@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -305,6 +306,60 @@ def test_leftovers_of_a_killed_writer_are_swept_only_once_it_is_dead(
     else:
         assert [s.id for s in store.list()] == ["other"]
     assert store.load("other").task == "a bystander"
+
+
+def _everything(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("then", ["purge again", "sweep"])
+def test_a_purge_killed_halfway_leaves_nothing_of_the_state_after_a_purge_or_a_sweep(
+    tmp_path: Path, then: str
+) -> None:
+    store = FileStore(tmp_path)
+    state = State("to be erased", id="s")
+    state.add_user_message("a secret")
+    store.save(state)
+    store.save(State("a bystander", id="other"))
+    with _paused(tmp_path, "s", "delete") as proc:  # a delete killed before: its leftover
+        sigkill(proc)
+    store.save(State("t", id="s"))  # the id again (this object swept at its first write only)
+    with _paused(tmp_path, "s", "purge") as proc:
+        sigkill(proc)  # one file removed, the rest still there
+    left = [name for name in _everything(tmp_path) if name.startswith(".s.")]
+    assert any(name.endswith((".jsonl", ".json")) for name in left), left  # still readable
+    assert not (tmp_path / "s").exists()
+
+    if then == "purge again":
+        report = FileStore(tmp_path).delete("s", purge=True)
+        assert report.leftovers == 2 and report.files >= 1, report
+        assert str(report).startswith("purged State 's': ")
+    else:
+        removed = FileStore(tmp_path).sweep()
+        assert len(removed) == 2 and all(p.name.startswith(".s.") for p in removed), removed
+    assert _everything(tmp_path) == ["other", "other/entries.jsonl", "other/snapshot.json"]
+    with pytest.raises(KeyError, match="'s'"):
+        FileStore(tmp_path).delete("s", purge=True)
+    assert FileStore(tmp_path).load("other").task == "a bystander"
+
+
+@pytest.mark.crash
+def test_a_purge_waits_for_a_create_under_way_then_removes_its_leftover(tmp_path: Path) -> None:
+    # A create of the id, stopped (alive) before its rename: its folder is in use, and a sweep
+    # leaves it; a purge waits for its writer, which is killed here meanwhile.
+    FileStore(tmp_path).save(State("a bystander", id="other"))
+    with _paused(tmp_path, "s", "create") as proc:
+        assert len(_leftovers(tmp_path)) == 1
+        assert FileStore(tmp_path).sweep() == []
+        with ThreadPoolExecutor(1) as pool:
+            purge = pool.submit(FileStore(tmp_path).delete, "s", purge=True)
+            time.sleep(0.3)
+            assert not purge.done()  # waiting for the writer's lock
+            sigkill(proc)
+            report = purge.result(timeout=30)
+    assert (report.leftovers, report.files) == (1, 2), report
+    assert _everything(tmp_path) == ["other", "other/entries.jsonl", "other/snapshot.json"]
 
 
 @pytest.mark.crash

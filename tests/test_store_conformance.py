@@ -79,6 +79,33 @@ BROKEN_STORES = {
                 saved.setdefault(e["seq"], e)
             self._states[state_id] = (saved, snapshot or old)
     """,
+    # Takes new entries of an id it does not have without an error, and keeps none of them
+    # (a tool result saved after a delete was lost without a word).
+    "entries_after_a_delete_dropped_quietly": """
+        def write(self, state_id, entries, snapshot, *, create=False):
+            if not create and snapshot is None and state_id not in self._states:
+                return
+            MemoryStore.write(self, state_id, entries, snapshot, create=create)
+    """,
+    # Takes limit= and lists every State all the same.
+    "list_ignores_its_limit": """
+        def list(self, *, limit=None):
+            return MemoryStore.list(self)
+
+        async def alist(self, *, limit=None):
+            return self.list(limit=limit)
+    """,
+    # Takes purge= and, purging, removes nothing.
+    "purge_removes_nothing": """
+        def delete(self, state_id, *, purge=False):
+            if not purge:
+                return MemoryStore.delete(self, state_id)
+            if state_id not in self._states:
+                raise KeyError(state_id)
+
+        async def adelete(self, state_id, *, purge=False):
+            return self.delete(state_id, purge=purge)
+    """,
     # Lists oldest first.
     "lists_oldest_first": """
         def list(self):
@@ -169,11 +196,12 @@ class TestAsyncOnly(StoreConformance):
     assert "ReadWriteOnly implements neither list() nor alist()" in out
     assert "concurrent_create = False" in out
     assert "AsyncOnly is async-only: it has no sync API to test" in out
-    # ReadWriteOnly: the 5 list/delete tests and the race, in both modes. AsyncOnly: every
-    # sync test, and the 5 list/delete tests in async mode.
+    assert "ReadWriteOnly implements neither delete() nor adelete()" in out
+    # ReadWriteOnly: the 8 list/delete tests and the race, in both modes. AsyncOnly: every
+    # sync test, and the 8 list/delete tests in async mode.
     suite = len([name for name in dir(StoreConformance) if name.startswith("test_")])
-    assert outcomes["skipped"] == (5 + 1) * 2 + suite + 5, out
-    assert outcomes["passed"] == (suite - 6) * 2 + (suite - 5), out
+    assert outcomes["skipped"] == (8 + 1) * 2 + suite + 8, out
+    assert outcomes["passed"] == (suite - 9) * 2 + (suite - 8), out
 
 
 def test_saving_a_state_in_a_second_store_is_refused(tmp_path: Path) -> None:

@@ -11,14 +11,21 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from alpineagents._cli import render
-from alpineagents._cli.status import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CommandError
+from alpineagents._cli.redact import redact, shown
+from alpineagents._cli.status import (
+    EXIT_FAILURE,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+)
 from alpineagents.filestore import FileStore
 from alpineagents.state import validate_id
 from alpineagents.store import Record, SavedState, Store, open_store
@@ -37,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         "cp": transfer,
         "mv": transfer,
         "sweep": sweep,
+        "doctor": doctor,
     }
     return commands[args.command](args)
 
@@ -73,11 +81,23 @@ class _SyncOver(Store):
     def read(self, state_id: str) -> Record | None:
         return self._runner.run(self.inner.aread(state_id))
 
-    def list(self) -> builtins.list[SavedState]:
-        return self._runner.run(self.inner.alist())
+    def list(self, *, limit: int | None = None) -> builtins.list[SavedState]:
+        if limit is not None and takes(self.inner.alist, "limit"):
+            return self._runner.run(self.inner.alist(limit=limit))  # type: ignore[call-arg]
+        listed = self._runner.run(self.inner.alist())
+        return listed if limit is None else listed[:limit]
 
-    def delete(self, state_id: str) -> None:
-        self._runner.run(self.inner.adelete(state_id))
+    def delete(  # type: ignore[override]  # returns what the store's adelete returns
+        self, state_id: str, *, purge: bool = False
+    ) -> object:
+        if purge:
+            return self._runner.run(self.inner.adelete(state_id, purge=True))  # type: ignore[call-arg]
+        result: object = self._runner.run(self.inner.adelete(state_id))
+        return result
+
+    def run(self, awaitable: Any) -> Any:
+        """Run a coroutine of the inner store (its ``doctor()``, say) on this loop."""
+        return self._runner.run(awaitable)
 
     def close(self) -> None:
         try:
@@ -86,10 +106,33 @@ class _SyncOver(Store):
             self._runner.close()
 
 
+def takes(method: Callable[..., Any], keyword: str) -> bool:
+    """Whether a store's method takes ``keyword`` (``limit``, ``purge``), beyond the contract."""
+    try:
+        return keyword in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _open(url: str) -> Store:
+    """``open_store(url)``; a URL or path it refuses (``ValueError``) is a usage error."""
+    if not url.strip() or url.strip() in ("file://", "file:"):
+        raise CommandError("no store given: a store is a folder path or a URL", EXIT_USAGE)
+    if "\0" in url:
+        raise CommandError(f"{url!r} holds a NUL character: not a path or URL", EXIT_USAGE)
+    try:
+        return open_store(url)
+    except ValueError as e:
+        message = str(e)
+        if url not in message:
+            message = f"{url!r} is not a store this can open: {message}"
+        raise CommandError(message, EXIT_USAGE) from e
+
+
 @contextlib.contextmanager
 def opened(url: str, *, must_exist: bool) -> Iterator[Store]:
     """Open the store at ``url`` for the sync API; ``must_exist``: a source, not a target."""
-    store = open_store(url)
+    store = _open(url)
     if isinstance(store, FileStore):
         if store.path.exists() and not store.path.is_dir():
             raise CommandError(f"{store.path} is a file, not a store folder", EXIT_USAGE)
@@ -108,7 +151,7 @@ def opened(url: str, *, must_exist: bool) -> Iterator[Store]:
 
 def _not_found(state_id: str, store: Store, url: str) -> CommandError:
     return CommandError(
-        f"no saved State with id {state_id!r} in {store!r}: see `alpineagents ls {url}`",
+        f"no saved State with id {state_id!r} in {shown(store)}: see `alpineagents ls {url}`",
         EXIT_NOT_FOUND,
     )
 
@@ -152,30 +195,65 @@ def parse_when(text: str, option: str) -> datetime:
 
 
 def ls(args: argparse.Namespace) -> int:
-    """List the saved States, newest first."""
+    """List the saved States, newest first; on a terminal, the newest screenful."""
     since = parse_when(args.since, "--since") if args.since else None
     before = parse_when(args.before, "--before") if args.before else None
+    page = _page_size(args)
+    want = args.limit if args.limit is not None else page
+    filtered = args.stopped_by is not None or since is not None or before is not None
     with opened(args.store, must_exist=True) as store:
+        if want is None or filtered:
+            found = store.list()
+        else:
+            found = newest(store, want + 1 if page is not None else want)
         listed = [
             saved
-            for saved in store.list()
+            for saved in found
             if (args.stopped_by is None or (saved.stopped_by or "none") == args.stopped_by)
             and (since is None or saved.updated_at >= since)
             and (before is None or saved.updated_at < before)
         ]
-        if args.limit is not None:
-            listed = listed[: args.limit]
+        more = want is not None and page is not None and len(listed) > want
+        if want is not None:
+            listed = listed[:want]
         counts = _entry_counts(store, [saved.id for saved in listed])
     rows = [(saved, counts[saved.id]) for saved in listed]
     if args.json:
         _print_json([render.summary_json(saved, n) for saved, n in rows])
     else:
-        width = (
-            os.get_terminal_size(sys.stdout.fileno()).columns if _on_terminal(sys.stdout) else None
-        )
-        for line in render.table(rows, width):
+        size = _terminal_size() if _on_terminal(sys.stdout) else None
+        for line in render.table(rows, size.columns if size else None):
             print(line)
+    if more:
+        print(
+            f"(the {len(rows)} most recently updated; there are more: --all for every State, "
+            "--limit N for N)",
+            file=sys.stderr,
+        )
     return EXIT_OK
+
+
+def _page_size(args: argparse.Namespace) -> int | None:
+    """How many States ``ls`` shows unasked: a screenful on a terminal, else all (None)."""
+    if args.all or args.json or args.limit is not None or not _on_terminal(sys.stdout):
+        return None
+    size = _terminal_size()
+    return max(10, (size.lines if size else 24) - 3)  # the header, the note and the prompt
+
+
+def _terminal_size() -> os.terminal_size | None:
+    try:
+        return os.get_terminal_size(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return None
+
+
+def newest(store: Store, limit: int) -> builtins.list[SavedState]:
+    """The ``limit`` most recently updated States: through ``list(limit=)`` where taken."""
+    if takes(store.list, "limit"):
+        listed: builtins.list[SavedState] = store.list(limit=limit)  # type: ignore[call-arg]
+        return listed[:limit]
+    return store.list()[:limit]
 
 
 def _entry_counts(store: Store, ids: builtins.list[str]) -> dict[str, int | None]:
@@ -218,22 +296,31 @@ def show(args: argparse.Namespace) -> int:
 
 
 def rm(args: argparse.Namespace) -> int:
-    """Remove States, after asking unless ``--yes``."""
+    """Remove (or purge) States, after asking unless ``--yes``; print what each delete reports."""
     ids = [validate_id(state_id) for state_id in dict.fromkeys(args.ids)]
     with opened(args.store, must_exist=True) as store:
+        delete = getattr(store, "inner", store).adelete if isinstance(store, _SyncOver) else None
+        if args.purge and not takes(delete or store.delete, "purge"):
+            raise CommandError(
+                f"{shown(store)} cannot purge: its delete() takes no purge= (rm without "
+                "--purge removes the States)",
+                EXIT_USAGE,
+            )
         have = {saved.id for saved in store.list()}
         for state_id in ids:
             if state_id not in have:
                 raise _not_found(state_id, store, args.store)
+        verb = "Purge" if args.purge else "Remove"
         if not args.yes:
             if not _on_terminal(sys.stdin):
                 raise CommandError(
-                    f"not removing {len(ids)} State(s) from {store!r} without confirmation: "
-                    "pass --yes",
+                    f"not removing {len(ids)} State(s) from {shown(store)} without "
+                    "confirmation: pass --yes",
                     EXIT_USAGE,
                 )
+            what = " (every version and leftover)" if args.purge else ""
             print(
-                f"Remove {len(ids)} State(s) from {store!r}: {', '.join(ids)}? [y/N] ",
+                f"{verb} {len(ids)} State(s) from {shown(store)}{what}: {', '.join(ids)}? [y/N] ",
                 end="",
                 file=sys.stderr,
                 flush=True,
@@ -243,10 +330,13 @@ def rm(args: argparse.Namespace) -> int:
                 return EXIT_USAGE
         for state_id in ids:
             try:
-                store.delete(state_id)
+                if args.purge:
+                    report = store.delete(state_id, purge=True)  # type: ignore[call-arg,func-returns-value]
+                else:
+                    report = store.delete(state_id)  # type: ignore[func-returns-value]
             except KeyError:
                 raise _not_found(state_id, store, args.store) from None
-            print(f"removed {state_id}")
+            print(redact(str(report)) if report is not None else f"removed {state_id}")
     return EXIT_OK
 
 
@@ -265,13 +355,46 @@ def sweep(args: argparse.Namespace) -> int:
         inner = getattr(store, "inner", store)
         method = getattr(inner, "sweep", None)
         if method is None:
-            raise CommandError(f"{store!r} has no sweep: it leaves nothing behind", EXIT_USAGE)
+            raise CommandError(f"{shown(store)} has no sweep: it leaves nothing behind", EXIT_USAGE)
         takes_age = "older_than" in inspect.signature(method).parameters
         removed = method(older_than=seconds) if takes_age else method()
         for item in removed:
             print(f"removed {item}")
-        print(f"{len(removed)} leftover(s) removed from {store!r}", file=sys.stderr)
+        print(f"{len(removed)} leftover(s) removed from {shown(store)}", file=sys.stderr)
     return EXIT_OK
+
+
+# doctor -------------------------------------------------------------------------------------
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def doctor(args: argparse.Namespace) -> int:
+    """Print the checks of the store's own ``doctor()``; 1 if any failed.
+
+    A check is anything with ``name``, ``ok`` and ``detail`` (each store has its own class).
+    """
+    with opened(args.store, must_exist=False) as store:
+        inner = getattr(store, "inner", store)
+        method = getattr(inner, "doctor", None)
+        if method is None:
+            print(f"{shown(store)} has no checks: it has no doctor()")
+            return EXIT_OK
+        checks = method()
+        if inspect.isawaitable(checks):
+            pending = _awaited(checks)
+            checks = store.run(pending) if isinstance(store, _SyncOver) else asyncio.run(pending)
+        failed = 0
+        for check in checks:
+            ok = bool(getattr(check, "ok", False))
+            failed += not ok
+            name, detail = getattr(check, "name", "?"), getattr(check, "detail", "")
+            print(redact(f"{'ok' if ok else 'FAILED':<6}  {name}: {detail}"))
+        summary = f"{failed} of {len(checks)} check(s) failed" if failed else "every check passed"
+        print(f"{shown(store)}: {summary}", file=sys.stderr)
+    return EXIT_FAILURE if failed else EXIT_OK
 
 
 # export / import ----------------------------------------------------------------------------

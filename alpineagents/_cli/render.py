@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from alpineagents._cli.redact import shown
 from alpineagents.state import HistoryEntry, State
 from alpineagents.store import SavedState, Store
 from alpineagents.transfer import Transferred
@@ -219,7 +220,7 @@ def outcome_line(outcome: Transferred, dst: Store) -> str:
     words = {
         "copied": f"copied {outcome.id} ({outcome.entries} entries)",
         "identical": f"{outcome.id} is already there, identical",
-        "kept": f"kept the different {outcome.id} of {dst!r}",
+        "kept": f"kept the different {outcome.id} of {shown(dst)}",
         "replaced": f"replaced {outcome.id} ({outcome.entries} entries)",
     }[outcome.action]
     return words + (", removed from the source" if outcome.removed else "")
@@ -231,8 +232,8 @@ def transfer_summary(done: Sequence[Transferred], move: bool, src: Store, dst: S
     parts = [f"{counts['copied']} copied", f"{counts['identical']} already there"]
     parts += [f"{counts[a]} {a}" for a in ("kept", "replaced") if counts[a]]
     if move:
-        parts.append(f"{sum(t.removed for t in done)} removed from {src!r}")
-    return f"{len(done)} State(s) {src!r} -> {dst!r}: " + ", ".join(parts)
+        parts.append(f"{sum(t.removed for t in done)} removed from {shown(src)}")
+    return f"{len(done)} State(s) {shown(src)} -> {shown(dst)}: " + ", ".join(parts)
 
 
 class ProgressBar:

@@ -35,6 +35,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+from alpineagents import _saving
 from alpineagents._serialize import entry_to_dict, snapshot_of
 from alpineagents.history import MODEL, TOOL_RESULT
 from alpineagents.state import State
@@ -73,14 +74,33 @@ class StoreIO:
         result: Record | None = await self._call("read", state_id)
         return result
 
-    async def list(self) -> list[SavedState]:
-        """``list`` or ``alist``."""
-        result: list[SavedState] = await self._call("list")
+    async def list(self, **options: Any) -> list[SavedState]:
+        """``list`` or ``alist``; ``options`` (``limit=``) for a store whose method takes them."""
+        result: list[SavedState] = await self._call("list", **options)
         return result
 
     async def delete(self, state_id: str) -> None:
         """``delete`` or ``adelete``."""
         await self._call("delete", state_id)
+
+    async def delete_with(self, state_id: str, **options: Any) -> object:
+        """``delete`` or ``adelete`` with ``options`` (``purge=``, where taken); its result."""
+        return await self._call("delete", state_id, **options)
+
+    async def save_result(self, state: State) -> bool:
+        """Save the new entries of ``state`` alone, as the Agent saves a tool result at once."""
+        if self.mode == "async":
+            return await _saving.asave(self.store, state, entries_only=True)
+        return await asyncio.to_thread(_saving.save, self.store, state, entries_only=True)
+
+    def takes(self, name: str, keyword: str) -> bool:
+        """Whether the method ``name`` of this mode (``list``/``alist``) takes ``keyword``."""
+        method = getattr(self.store, name if self.mode == "sync" else "a" + name)
+        return keyword in inspect.signature(method).parameters
+
+    def method_name(self, name: str) -> str:
+        """``MyStore.list`` or ``MyStore.alist``, by mode."""
+        return f"{type(self.store).__name__}.{name if self.mode == 'sync' else 'a' + name}"
 
     async def load(self, state_id: str) -> State:
         """``load`` or ``aload``."""
@@ -438,6 +458,75 @@ class StoreConformance:
         await io.write("drop", make_entries(0, 1), make_snapshot("drop", 1), create=True)
         record = await io.read("drop")
         assert record is not None and len(record.entries) == 1
+
+    @scenario
+    @needs("delete")
+    async def test_every_save_after_a_delete_is_a_not_found_error(self, io: StoreIO) -> None:
+        state = State("to be deleted", id="gone", data={"n": 1})
+        state.add_user_message("saved")
+        await io.save(state)
+        copy = await io.load("gone")
+        await io.delete("gone")
+        # A message and the snapshot; a tool result saved alone; the snapshot alone.
+        state.add_user_message("after the delete")
+        with pytest.raises(LookupError, match="gone"):
+            await io.save(state)
+        state.append(TOOL_RESULT, "a result", {"call_id": "c1", "name": "t"})
+        with pytest.raises(LookupError, match="gone"):
+            await io.save_result(state)
+        copy.data["n"] = 2
+        with pytest.raises(LookupError, match="gone"):
+            await io.save(copy)
+        # The same through write: entries alone, the snapshot alone.
+        with pytest.raises(LookupError, match="gone"):
+            await io.write("gone", make_entries(2, 3), None)
+        with pytest.raises(LookupError, match="gone"):
+            await io.write("gone", [], make_snapshot("gone", 2))
+        assert await io.read("gone") is None
+        # Nothing of it came back: the id is free.
+        await io.save(State("a new State", id="gone"))
+        assert [e.text for e in (await io.load("gone")).history] == ["a new State"]
+
+    @scenario
+    @needs("list")
+    async def test_list_with_a_limit_gives_the_most_recently_updated(self, io: StoreIO) -> None:
+        if not io.takes("list", "limit"):
+            pytest.skip(f"{io.method_name('list')} takes no limit= (beyond the contract)")
+        base = datetime(2026, 1, 1, tzinfo=UTC)
+        for n in (3, 0, 4, 1, 2):
+            snapshot = make_snapshot(f"s{n}", 1, updated_at=(base + timedelta(hours=n)).isoformat())
+            await io.write(f"s{n}", make_entries(0, 1), snapshot, create=True)
+        everything = [s.id for s in await io.list()]
+        assert everything == ["s4", "s3", "s2", "s1", "s0"]
+        for limit in (0, 1, 3, 5, 9):
+            listed = await io.list(limit=limit)
+            assert [s.id for s in listed] == everything[:limit], limit
+        assert await io.list(limit=None) == await io.list()
+
+    @scenario
+    @needs("delete")
+    async def test_delete_with_purge_removes_the_state_and_leaves_the_others(
+        self, io: StoreIO
+    ) -> None:
+        if not io.takes("delete", "purge"):
+            pytest.skip(f"{io.method_name('delete')} takes no purge= (beyond the contract)")
+        for state_id in ("keep", "purged"):
+            await io.write(state_id, make_entries(0, 3), make_snapshot(state_id, 3), create=True)
+        await io.write("purged", make_entries(3, 4), None)
+        await io.write("purged", [], make_snapshot("purged", 4, data={"v": 2}))
+        report = await io.delete_with("purged", purge=True)
+        if report is not None:
+            assert "purged" in str(report), report
+        assert await io.read("purged") is None
+        with pytest.raises(LookupError, match="purged"):
+            await io.write("purged", make_entries(4, 5), None)
+        record = await io.read("keep")
+        assert record is not None and len(record.entries) == 3
+        with pytest.raises(KeyError, match="purged"):
+            await io.delete_with("purged", purge=True)
+        await io.write("purged", make_entries(0, 1), make_snapshot("purged", 1), create=True)
+        again = await io.read("purged")
+        assert again is not None and len(again.entries) == 1
 
     # Whole States ----------------------------------------------------------------------
 

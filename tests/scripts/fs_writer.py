@@ -13,10 +13,10 @@ Three ways to run it (``python fs_writer.py WAY ...``):
 ``churn ROOT``
     Creates, saves and deletes States in a loop until it is killed; prints ``ready`` after the
     first round.
-``pause ROOT ID create|delete|snapshot``
-    Starts a create, a delete or a save of the State and stops for good at the moment the
-    store renames its new folder, removes a deleted one or replaces the snapshot, after
-    printing ``paused``: the parent kills it there.
+``pause ROOT ID create|delete|snapshot|purge``
+    Starts a create, a delete, a save or a purge of the State and stops for good at the
+    moment the store renames its new folder, removes a deleted one, replaces the snapshot or
+    (a purge) has removed one file, after printing ``paused``: the parent kills it there.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import sys
 import time
 from typing import Any
 
-from alpineagents import FileStore, State, _saving
+from alpineagents import FileStore, State, _saving, filestore
 from alpineagents.errors import ConcurrentWriteError
 
 
@@ -125,8 +124,17 @@ def pause(root: str, state_id: str, where: str) -> None:
         os.rename = _stop_here
         store.save(State("never renamed into place", id=state_id))
     elif where == "delete":
-        shutil.rmtree = _stop_here  # type: ignore[assignment]
+        filestore._remove_tree = _stop_here  # type: ignore[assignment]
         store.delete(state_id)
+    elif where == "purge":
+        real_unlink = os.unlink
+
+        def unlink_once(path: Any, **kwargs: Any) -> None:
+            real_unlink(path, **kwargs)
+            os.unlink = _stop_here
+
+        os.unlink = unlink_once
+        store.delete(state_id, purge=True)
     elif where == "snapshot":
         state = store.load(state_id)
         state.add_user_message("saved before the snapshot")
