@@ -49,6 +49,8 @@ class Probe:
     def created(self, outcome: Outcome) -> None:
         """Its outcome: a failure here is the store's usual error for a PUT."""
         if isinstance(outcome, Exception):
+            if error_code(outcome) in PRECONDITION_CODES:
+                return  # its own PUT, answered twice: the probe's key is new
             fail(self.layout, outcome, "PutObject (the engine check)", self.key, "If-None-Match: *")
         self._version(outcome)
 

@@ -39,6 +39,8 @@ _EPOCH = datetime.min.replace(tzinfo=UTC)
 def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
     """The summaries of the store's States, most recently updated first (``limit``: the newest)."""
     layout = ctx.layout
+    if limit == 0:
+        return []
     listed = yield from list_all(layout, layout.heads)
     candidates: list[tuple[datetime, str]] = []
     for obj in listed:

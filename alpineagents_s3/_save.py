@@ -142,7 +142,7 @@ def _save(
                 )
             memory.read(ctx.scope, state_id, base, etag, sent)
         fresh = yield from _new_entries(ctx, base, etag, new)
-        if not fresh and (snapshot is None or _same(snapshot, base.snapshot)):
+        if not fresh and (snapshot is None or _same(base.snapshot, snapshot)):
             return "saved"  # nothing new: nothing is sent
     else:
         fresh = new
@@ -202,6 +202,8 @@ def _save(
         elif stored is not None and stored.write in seen.unsure:  # an earlier save landed late
             memory.read(ctx.scope, state_id, stored, got[1], sent)  # type: ignore[index]
             memory.settled(ctx.scope, state_id)
+            if stored.after == (base.write if base is not None else None):
+                yield from _discard(ctx, list(writes))  # this attempt lost to it, for good
             return "landed"
         elif stored is None:
             memory.settled(ctx.scope, state_id)
@@ -256,10 +258,10 @@ def _check_engine(probe: Probe | None, created: Outcome | None) -> Steps[list[Ca
     return probe.cleanup()
 
 
-def _same(snapshot: Mapping[str, Any], stored: dict[str, Any] | None) -> bool:
-    """Whether a snapshot is byte for byte the stored one."""
+def _same(stored: Any, sent: Mapping[str, Any] | bytes | None) -> bool:
+    """Whether what is stored is, spelled as a save spells it, what a save sends."""
     try:
-        return dumps(snapshot, "") == dumps(stored, "")
+        return dumps(stored, "") == (sent if isinstance(sent, bytes) else dumps(sent, ""))
     except (TypeError, ValueError):  # a stored value this store would not write: not the same
         return False
 
@@ -297,7 +299,7 @@ def _new_entries(ctx: Ctx, base: Head, etag: str | None, new: list[Entry]) -> St
     )
     by_seq = {entry["seq"]: entry for entry in stored}
     for entry in again:
-        if dumps(by_seq[entry.seq], "") != entry.body:
+        if not _same(by_seq[entry.seq], entry.body):
             raise _conflict(
                 ctx, base.state_id, f"its entry {entry.seq} is not the one this save sends again"
             )

@@ -8,6 +8,7 @@ steps to the sync or the async driver. Nothing here decides what is sent.
 from __future__ import annotations
 
 import builtins
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["S3Store"]
 
 _SSE_MODES: Final = ("AES256", "aws:kms", "aws:kms:dsse")
+# How the core names an entry it cannot rebuild ("the history entry read at position 3").
+_POSITION: Final = re.compile(r"entry read at position (\d+)")
 
 EventHook = Callable[..., Any]
 T = TypeVar("T")
@@ -368,10 +371,21 @@ class S3Store(Store):
         return deleted
 
     def _note_where(self, error: Exception, state_id: str) -> None:
-        """Name the State's head on an error about it (not on an unknown id)."""
-        if "s3://" not in str(error) and not isinstance(error, LookupError):
-            head = self._layout.url(self._layout.head_key(state_id))
+        """Name the State's head, and the object of an entry named, on an error about them."""
+        if isinstance(error, LookupError):
+            return
+        layout, text = self._layout, str(error)
+        head = layout.url(layout.head_key(state_id))
+        if head not in text:
             error.add_note(f"State {state_id!r} is stored at {head}")
+        found = _POSITION.search(text)
+        known = self._memory.seen(self._key(), state_id).head
+        if found and known is not None:
+            for part in known.covering(int(found.group(1)), int(found.group(1))):
+                error.add_note(
+                    f"history entry {found.group(1)} is in "
+                    f"{layout.url(part.key(layout, state_id, known.inc))}"
+                )
 
     # Context managers (the published Store base has none) ------------------------------
 
@@ -417,8 +431,8 @@ def _check_limit(limit: object) -> int | None:
         return None
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit is a whole number of States or None, not {limit!r}")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, not {limit}")
+    if limit < 0:
+        raise ValueError(f"limit must be a number of States >= 0, not {limit}")
     return limit
 
 

@@ -1,13 +1,13 @@
 """A separate process for the S3Store process tests: ``python -m tests.s3._child MODE ...``.
 
 Modes:
-    crash-before-snapshot ENDPOINT BUCKET ID sync|async
+    crash-before-head ENDPOINT BUCKET ID sync|async
         Create a State, add a tool turn and a message, save: SIGKILL itself the moment the
-        entries are stored and the snapshot PUT is about to be sent.
+        entries are stored and the head PUT is about to be sent.
     crash-after-tool-result ENDPOINT BUCKET ID
         Create a State whose model turn calls two tools and let an Agent run them: the fast
         one's result is saved alone while the slow one still runs; SIGKILL itself the moment
-        S3 has stored it.
+        S3 has stored the head that commits it.
     race ENDPOINT BUCKET WRITER
         For each line "go ID" on stdin, create State ID and print "won ID" or
         "lost ID ExceptionType"; print "ready" first.
@@ -37,16 +37,16 @@ def tool_turn(state: State, *calls: str) -> None:
     state.append(MODEL, "", {"content": content, "stop_reason": "tool_use"})
 
 
-def crash_before_snapshot(endpoint: str, bucket: str, state_id: str, mode: str) -> None:
-    def kill_at_snapshot(request: Any, **kwargs: Any) -> None:
-        if request.url.endswith("/snapshot.json") and "If-Match" in request.headers:
+def crash_before_head(endpoint: str, bucket: str, state_id: str, mode: str) -> None:
+    def kill_at_head(request: Any, **kwargs: Any) -> None:
+        if "/heads/" in request.url and "If-Match" in request.headers:
             os.kill(os.getpid(), signal.SIGKILL)
 
     store = S3Store(
         bucket,
         "runs",
         endpoint_url=endpoint,
-        event_hooks={"before-send.s3.PutObject": kill_at_snapshot},
+        event_hooks={"before-send.s3.PutObject": kill_at_head},
     )
     state = State("crash test", id=state_id)
     store.save(state)
@@ -64,7 +64,7 @@ def crash_after_tool_result(endpoint: str, bucket: str, state_id: str) -> None:
     armed: list[bool] = []
 
     def kill_once_stored(http_response: Any, **kwargs: Any) -> None:
-        if armed and "/entries/" in http_response.url and http_response.status_code == 200:
+        if armed and "/heads/" in http_response.url and http_response.status_code == 200:
             os.kill(os.getpid(), signal.SIGKILL)
 
     store = S3Store(
@@ -107,7 +107,7 @@ def race(endpoint: str, bucket: str, writer: str) -> None:
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     commands: dict[str, Callable[..., None]] = {
-        "crash-before-snapshot": crash_before_snapshot,
+        "crash-before-head": crash_before_head,
         "crash-after-tool-result": crash_after_tool_result,
         "race": race,
     }

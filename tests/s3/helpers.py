@@ -75,6 +75,15 @@ class Stores:
         """A new store object, called through its sync or its async methods."""
         return StoreIO(self.new(bucket=bucket, same_process=same_process, **options), mode)
 
+    async def keys(self) -> list[str]:
+        """Every key in the bucket, sorted."""
+        client = raw_client(self.url)
+        try:
+            listed = await asyncio.to_thread(client.list_objects_v2, Bucket=self.bucket)
+            return sorted(item["Key"] for item in listed.get("Contents", ()))
+        finally:
+            client.close()
+
     async def close(self) -> None:
         """Close every store object made."""
         for store in self.made:

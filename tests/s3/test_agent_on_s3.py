@@ -39,8 +39,8 @@ def test_agent_run_saves_to_s3_without_reading_and_resumes_elsewhere(
     )
     state = State("Weather for the trip", id="trip")
     assert agent.run(state) == "done"
-    # Saving never reads an object, nor checks one: a tool result's PUT commits it.
-    assert set(log.counts()) == {"PUT"}
+    # Saving never reads an object: PUTs, and the engine check's probe deleted again.
+    assert set(log.counts()) == {"PUT", "DELETE"}
     assert agent.store is not None
     agent.store.close()
 

@@ -4,7 +4,6 @@ not written by S3Store, under the wrong key, or missing. Each is refused, naming
 from __future__ import annotations
 
 import json
-import logging
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +13,7 @@ import tests.test_corrupt_load as table
 from alpineagents import State
 from alpineagents.errors import CorruptStateError, SchemaVersionError
 from alpineagents.testing import StoreIO
+from alpineagents_s3 import IncompleteListError
 from tests.helpers import Mode
 from tests.s3.helpers import Stores
 from tests.test_corrupt_load import CASES, ID, Case, case_id, damage
@@ -30,23 +30,33 @@ async def saved_state(mode: Mode, stores: Stores) -> StoreIO:
     return stores.io(mode)
 
 
+HEAD = "runs/heads/s.json"
+
+
 def key_of(moto: S3Client, bucket: str, part: str) -> str:
     keys = [o["Key"] for o in moto.list_objects_v2(Bucket=bucket)["Contents"]]
     return next(k for k in keys if part in k)
 
 
+def change_snapshot(moto: S3Client, bucket: str, change: Any, key: str = HEAD) -> None:
+    """Rewrite the snapshot held in a head, behind the store's back (its metadata kept)."""
+    metadata = moto.head_object(Bucket=bucket, Key=key)["Metadata"]
+    head = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
+    head["snapshot"] = change(head["snapshot"])
+    moto.put_object(Bucket=bucket, Key=key, Body=json.dumps(head).encode(), Metadata=metadata)
+
+
 @pytest.mark.parametrize(
     ("target", "body", "error", "words"),
     [
-        ("snapshot.json", b"{not json", CorruptStateError, "not valid JSON"),
-        ("0000000001.json", b"\xff\xfe", CorruptStateError, "not valid JSON"),
-        ("0000000001.json", b"[1, 2]", CorruptStateError, "not a JSON object"),
-        ("0000000001.json", b'{"seq": 2}', CorruptStateError, "holds history entry 2, not 1"),
+        ("/heads/", b"{not json", CorruptStateError, "not valid JSON"),
+        ("/e0000000001.", b"\xff\xfe", CorruptStateError, "not valid JSON"),
+        ("/e0000000001.", b"[1, 2]", CorruptStateError, "holds 'list' where history entry 1"),
+        ("/e0000000001.", b'{"seq": 2}', CorruptStateError, "holds 2 where history entry 1"),
         # What is inside an entry or snapshot is the core's to judge, at load; the message
         # names the State, a note names where it is stored.
-        ("0000000001.json", b'{"seq": 1}', CorruptStateError, "no schema version"),
-        ("snapshot.json", b'{"v": 99, "id": "s"}', SchemaVersionError, "upgrade alpineagents"),
-        ("0000000000.json", b'{"v": 99, "seq": 0}', SchemaVersionError, "schema version 99"),
+        ("/e0000000001.", b'{"seq": 1}', CorruptStateError, "no schema version"),
+        ("/e0000000000.", b'{"v": 99, "seq": 0}', SchemaVersionError, "schema version 99"),
     ],
 )
 async def test_a_damaged_or_future_object_is_named(
@@ -67,7 +77,18 @@ async def test_a_damaged_or_future_object_is_named(
     with pytest.raises(error, match=words) as raised:
         await io.load("s")
     told = "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
-    assert f"s3://{bucket}/{key}" in told or f"s3://{bucket}/runs/s/" in told
+    assert f"s3://{bucket}/{key}" in told or f"s3://{bucket}/{HEAD}" in told
+
+
+async def test_a_snapshot_of_a_newer_schema_is_named(
+    mode: Mode, stores: Stores, moto: S3Client
+) -> None:
+    io = await saved_state(mode, stores)
+    change_snapshot(moto, stores.bucket, lambda snapshot: {**snapshot, "v": 99})
+    with pytest.raises(SchemaVersionError, match="upgrade alpineagents") as raised:
+        await io.load("s")
+    told = "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
+    assert f"s3://{stores.bucket}/{HEAD}" in told
 
 
 async def test_an_object_of_a_newer_layout_is_refused_naming_it(
@@ -75,17 +96,17 @@ async def test_an_object_of_a_newer_layout_is_refused_naming_it(
 ) -> None:
     io = await saved_state(mode, stores)
     bucket = stores.bucket
-    key = key_of(moto, bucket, "snapshot.json")
-    metadata = moto.head_object(Bucket=bucket, Key=key)["Metadata"]
-    body = moto.get_object(Bucket=bucket, Key=key)["Body"].read()
-    moto.put_object(
-        Bucket=bucket, Key=key, Body=body, Metadata={**metadata, "alpineagents-layout": "4"}
-    )
+    metadata = moto.head_object(Bucket=bucket, Key=HEAD)["Metadata"]
+    head = json.loads(moto.get_object(Bucket=bucket, Key=HEAD)["Body"].read())
+    body = json.dumps({**head, "alpineagents-s3": 2}).encode()
+    moto.put_object(Bucket=bucket, Key=HEAD, Body=body, Metadata=metadata)
 
     with pytest.raises(SchemaVersionError, match="upgrade alpineagents-s3") as raised:
         await io.load("s")
-    assert f"s3://{bucket}/{key}" in str(raised.value)
-    assert await io.list() == []  # left out of the listing, with a warning (below)
+    assert f"s3://{bucket}/{HEAD}" in str(raised.value)
+    with pytest.raises(IncompleteListError) as listed:  # named by the listing too
+        await io.list()
+    assert listed.value.states == [] and isinstance(listed.value.failed["s"], SchemaVersionError)
 
 
 @pytest.mark.parametrize(
@@ -97,54 +118,47 @@ async def test_an_object_of_a_newer_layout_is_refused_naming_it(
         ({"v": 99}, SchemaVersionError, "upgrade alpineagents"),
     ],
 )
-async def test_list_leaves_out_a_snapshot_it_cannot_summarise_naming_it(
+async def test_a_list_that_cannot_summarise_a_state_names_it_and_holds_the_others(
     mode: Mode,
     changes: dict[str, Any],
     error: type[Exception],
     words: str,
     stores: Stores,
     moto: S3Client,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     io = await saved_state(mode, stores)
     await io.save(State("another", id="fine"))
-    bucket, key = stores.bucket, "runs/s/snapshot.json"
-    head = moto.head_object(Bucket=bucket, Key=key)
-    snapshot = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
-    body = json.dumps(dict(snapshot, **changes)).encode()
-    moto.put_object(Bucket=bucket, Key=key, Body=body, Metadata=head["Metadata"])
+    change_snapshot(moto, stores.bucket, lambda snapshot: dict(snapshot, **changes))
 
-    with caplog.at_level(logging.WARNING, logger="alpineagents_s3"):
-        assert [s.id for s in await io.list()] == ["fine"]  # the others are listed
-    (warned,) = [r.getMessage() for r in caplog.records if "not listing" in r.getMessage()]
-    assert f"s3://{bucket}/{key}" in warned and re.search(words, warned)
-    assert error.__name__ in warned
+    with pytest.raises(IncompleteListError) as raised:
+        await io.list()
+    assert [s.id for s in raised.value.states] == ["fine"]  # the others are listed
+    failure = raised.value.failed["s"]
+    assert isinstance(failure, error) and re.search(words, str(failure))
+    assert f"s3://{stores.bucket}/{HEAD}" in str(raised.value)
 
 
 async def test_a_snapshot_field_of_the_wrong_type_is_corrupt_at_load_naming_the_objects(
     mode: Mode, stores: Stores, moto: S3Client
 ) -> None:
     io = await saved_state(mode, stores)
-    bucket, key = stores.bucket, "runs/s/snapshot.json"
-    head = moto.head_object(Bucket=bucket, Key=key)
-    snapshot = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
-    body = json.dumps(dict(snapshot, task=5)).encode()
-    moto.put_object(Bucket=bucket, Key=key, Body=body, Metadata=head["Metadata"])
+    bucket = stores.bucket
+    change_snapshot(moto, bucket, lambda snapshot: dict(snapshot, task=5))
 
     with pytest.raises(CorruptStateError, match="snapshot: task must be a str, not 5") as raised:
         await io.load("s")
     assert str(raised.value).startswith(f"State 's' in S3Store('s3://{bucket}/runs/'")
 
 
-async def test_a_snapshot_not_written_by_s3store_is_refused(
+async def test_a_head_not_written_by_s3store_is_refused(
     mode: Mode, stores: Stores, moto: S3Client
 ) -> None:
     io = await saved_state(mode, stores)
     bucket = stores.bucket
-    snapshot = moto.get_object(Bucket=bucket, Key="runs/s/snapshot.json")["Body"].read()
-    moto.put_object(Bucket=bucket, Key="runs/s/snapshot.json", Body=snapshot)  # no metadata
+    snapshot = json.loads(moto.get_object(Bucket=bucket, Key=HEAD)["Body"].read())["snapshot"]
+    moto.put_object(Bucket=bucket, Key=HEAD, Body=json.dumps(snapshot).encode())  # a snapshot
 
-    with pytest.raises(CorruptStateError, match=r"s3://.*/runs/s/snapshot\.json.*metadata"):
+    with pytest.raises(CorruptStateError, match=r"s3://.*/runs/heads/s\.json is not the head"):
         await io.load("s")
 
 
@@ -153,20 +167,22 @@ async def test_an_entry_under_the_wrong_key_is_refused(
 ) -> None:
     io = await saved_state(mode, stores)
     bucket = stores.bucket
-    key = key_of(moto, bucket, "0000000001.json")
+    key = key_of(moto, bucket, "/e0000000001.")
     entry = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
     moto.put_object(Bucket=bucket, Key=key, Body=json.dumps(dict(entry, seq=7)).encode())
 
-    with pytest.raises(CorruptStateError, match=r"holds history entry 7, not 1"):
+    with pytest.raises(CorruptStateError, match=r"holds 7 where history entry 1 belongs"):
         await io.load("s")
 
 
 async def test_a_missing_entry_object_is_named(mode: Mode, stores: Stores, moto: S3Client) -> None:
     io = await saved_state(mode, stores)
-    moto.delete_object(Bucket=stores.bucket, Key=key_of(moto, stores.bucket, "0000000001.json"))
+    key = key_of(moto, stores.bucket, "/e0000000001.")
+    moto.delete_object(Bucket=stores.bucket, Key=key)
 
-    with pytest.raises(CorruptStateError, match=r"snapshot\.json accounts for 2 .* holds 1"):
+    with pytest.raises(CorruptStateError, match=r"is missing, but the head .* names it") as e:
         await io.load("s")
+    assert f"s3://{stores.bucket}/{key}" in str(e.value)
 
 
 # The table of tests/test_corrupt_load.py, on S3 objects, each case once, through the sync and
@@ -187,11 +203,15 @@ async def test_a_damaged_object_is_refused_at_load_naming_the_field(
     io = stores.io(mode)
     await io.save(table.saved_state())
     bucket = stores.bucket
-    key = key_of(moto, bucket, "snapshot.json" if what == "snapshot" else f"/{what:010d}.json")
-    head = moto.head_object(Bucket=bucket, Key=key)
-    stored = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
-    body = json.dumps(damage(stored, path, value)).encode()
-    moto.put_object(Bucket=bucket, Key=key, Body=body, Metadata=head["Metadata"])
+    if what == "snapshot":
+        change = lambda snapshot: damage(snapshot, path, value)  # noqa: E731
+        change_snapshot(moto, bucket, change, key=f"runs/heads/{ID}.json")
+    else:
+        key = key_of(moto, bucket, f"/e{what:010d}.")
+        head = moto.head_object(Bucket=bucket, Key=key)
+        stored = json.loads(moto.get_object(Bucket=bucket, Key=key)["Body"].read())
+        body = json.dumps(damage(stored, path, value)).encode()
+        moto.put_object(Bucket=bucket, Key=key, Body=body, Metadata=head["Metadata"])
 
     with pytest.raises(CorruptStateError) as raised:
         await stores.io(mode).load(ID)

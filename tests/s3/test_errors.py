@@ -42,7 +42,7 @@ async def test_access_denied_is_a_permission_error_naming_the_key(
     with pytest.raises(S3AccessDeniedError) as raised:
         await io.load("s")
     assert isinstance(raised.value, PermissionError) and isinstance(raised.value, StoreError)
-    assert f"s3://{stores.bucket}/runs/s/snapshot.json" in str(raised.value)
+    assert f"s3://{stores.bucket}/runs/heads/s.json" in str(raised.value)
     assert "s3:GetObject" in str(raised.value)
 
 
@@ -65,7 +65,7 @@ async def test_an_endpoint_without_conditional_writes_is_named(mode: Mode, store
     with pytest.raises(ConditionalWritesUnsupportedError) as raised:
         await io.save(State("t", id="s"))
     message = str(raised.value)
-    assert "If-None-Match: *" in message and "/runs/s/entries/" in message
+    assert "If-None-Match: *" in message and f"s3://{stores.bucket}/runs/" in message
     assert "does not support conditional writes" in message
 
 
@@ -77,8 +77,8 @@ async def test_any_failure_of_a_call_is_the_stores_error_naming_the_key(
 ) -> None:
     """Not the bare exception (sync), nor an ExceptionGroup naming nothing (async)."""
     name = type(error).__name__
-    entries = Breaks(error, lambda request: "/entries/" in request.url and request.method == "PUT")
-    snapshot = Breaks(error, lambda request: request.url.endswith("/snapshot.json"))
+    entries = Breaks(error, lambda request: "/states/" in request.url and request.method == "PUT")
+    snapshot = Breaks(error, lambda request: "/heads/" in request.url)
     io = stores.io(
         mode,
         event_hooks={
@@ -91,12 +91,12 @@ async def test_any_failure_of_a_call_is_the_stores_error_naming_the_key(
         await io.write("s", entry_dicts(0, 3), snapshot_dict("s", 3), create=True)
     message = str(raised.value)
     bucket = stores.bucket
-    assert re.search(rf"PutObject s3://{bucket}/runs/s/entries/\w+/\d{{10}}\.json", message)
+    assert re.search(rf"PutObject s3://{bucket}/runs/states/s/\w+/e\d{{10}}\.\w+\.json", message)
     assert f"failed: {name}" in message
     assert raised.value.__cause__ is error
     assert not isinstance(raised.value, BaseExceptionGroup)
 
     # One call alone: the snapshot GET of a load.
-    with pytest.raises(S3StoreError, match=rf"s3://{bucket}/runs/x/snapshot\.json.*{name}"):
+    with pytest.raises(S3StoreError, match=rf"s3://{bucket}/runs/heads/x\.json.*{name}"):
         await io.load("x")
     assert entries.raised >= 3 and snapshot.raised >= 1

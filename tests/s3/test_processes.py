@@ -11,6 +11,7 @@ import pytest
 
 from alpineagents.history import COMPACTION, MODEL, NOTICE, TASK, TOOL_RESULT, USER
 from alpineagents_s3 import S3Store
+from alpineagents_s3.testing import separate_process
 from tests.helpers import MakeBucket, Mode, results
 from tests.scripts import harness
 
@@ -39,29 +40,29 @@ def run_child(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 @pytest.mark.crash
-def test_killed_between_entry_puts_and_snapshot_put_the_save_did_not_happen(
+def test_killed_between_entry_puts_and_head_put_the_save_did_not_happen(
     mode: Mode, moto_url: str, moto_bucket: MakeBucket
 ) -> None:
     bucket = moto_bucket()
-    done = run_child("crash-before-snapshot", moto_url, bucket, "killed", mode)
+    done = run_child("crash-before-head", moto_url, bucket, "killed", mode)
     assert done.returncode == -signal.SIGKILL, done.stderr
 
-    with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
+    with separate_process(S3Store(bucket, "runs", endpoint_url=moto_url)) as store:
         objects = store.objects("killed")
-        assert [o.kind for o in objects] == ["entry"] * 4 + ["snapshot"]
-        # The snapshot accounts for 1 entry; the 3 of the killed save are pending: its save
-        # never returned, so nothing saved is lost, and none of it is read.
+        # The head names the create's entry; the killed save's three entries are named by no
+        # head: its save never returned, so nothing saved is lost, and none of it is read.
+        assert [o.role for o in objects] == ["head", "entry"] + ["unnamed"] * 3
         state = store.load("killed")
         assert [e.kind for e in state.history] == [TASK]
-        # The resumed State saves on: it claims the snapshot and replaces the pending entries.
-        state.add_user_message("resumed")
+        state.add_user_message("resumed")  # the resumed State saves on, beside them
         assert store.save(state) is True
-        again = S3Store(bucket, "runs", endpoint_url=moto_url).load("killed")
+        again = separate_process(S3Store(bucket, "runs", endpoint_url=moto_url)).load("killed")
         assert [(e.kind, e.text) for e in again.history[1:]] == [(USER, "resumed")]
         state.add_user_message("and on")
-        assert store.save(state) is True  # over the killed save's other entries
-        again = S3Store(bucket, "runs", endpoint_url=moto_url).load("killed")
+        assert store.save(state) is True
+        again = separate_process(S3Store(bucket, "runs", endpoint_url=moto_url)).load("killed")
         assert [e.text for e in again.history[1:]] == ["resumed", "and on"]
+        assert len(store.sweep(0)) == 3  # what the killed save left, removed
 
 
 @pytest.mark.slow
@@ -121,8 +122,8 @@ def test_processes_creating_one_id_at_once_have_one_winner(
                 if not line.startswith("won")
             ), lines
             assert store.load(state_id).task == f"writer {won[0]}"
-            # The losers left nothing behind.
-            assert [o.kind for o in store.objects(state_id)] == ["entry", "snapshot"]
+            # The losers left nothing behind: they deleted their entries.
+            assert [o.role for o in store.objects(state_id)] == ["head", "entry"]
         assert len(store.list()) == rounds
 
 

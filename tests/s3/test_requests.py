@@ -21,7 +21,10 @@ from tests.s3.helpers import InFlight, Refuse, Stores, objects
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
 
-ENTRY_KEY = re.compile(r"runs/(?P<id>[\w-]+)/entries/(?P<gen>[0-9a-f]{16})/(?P<seq>\d{10})\.json")
+ENTRY_KEY = re.compile(
+    r"runs/states/(?P<id>[\w-]+)/(?P<inc>[0-9a-f]{16})/e(?P<seq>\d{10})\.[0-9a-f]{16}\.json"
+)
+TRUST = {"trust_conditional_writes": True}  # no engine check: its requests left out below
 
 
 def lookup(what: str) -> str:
@@ -29,31 +32,32 @@ def lookup(what: str) -> str:
     return f"found {what}"
 
 
-async def test_saves_write_immutable_entries_then_a_conditional_snapshot(
+def shape(log: RequestLog) -> list[tuple[str, str]]:
+    """Each request's kind and condition header (``If-Match``, ``If-None-Match`` or ``-``)."""
+    return [(r.kind, (r.condition or "-").split(":")[0]) for r in log.requests]
+
+
+async def test_a_save_puts_its_entries_then_the_head_conditionally(
     mode: Mode, stores: Stores
 ) -> None:
     log = RequestLog()
-    io = stores.io(mode, event_hooks=log.hooks)
+    io = stores.io(mode, event_hooks=log.hooks, **TRUST)
     state = State("layout", id="layout")
 
-    await io.save(state)  # create: entry 0, then the snapshot
-    created = list(log.requests)
-    assert [(r.kind, r.condition) for r in created] == [
-        ("PUT", "If-None-Match: *"),
-        ("PUT", "If-None-Match: *"),
-    ]
-    assert ENTRY_KEY.fullmatch(created[0].path.split("/", 2)[2])
-    assert created[1].path.endswith("/runs/layout/snapshot.json")
+    await io.save(state)  # create: entry 0, then the head
+    assert shape(log) == [("PUT", "If-None-Match"), ("PUT", "If-None-Match")]
+    assert ENTRY_KEY.fullmatch(log.requests[0].path.split("/", 2)[2])
+    assert log.requests[1].path.endswith("/runs/heads/layout.json")
 
     log.clear()
     tool_turn(state, 1)
-    await io.save(state)  # two new entries in parallel, then the snapshot with If-Match
-    kinds = [(r.kind, (r.condition or "").split(":")[0]) for r in log.requests]
-    assert sorted(kinds[:2]) == [("PUT", "If-None-Match")] * 2
-    assert kinds[2] == ("PUT", "If-Match")
-    assert log.requests[2].path.endswith("/snapshot.json")
+    await io.save(state)  # two new entries at once, then the head with If-Match
+    assert sorted(shape(log)[:2]) == [("PUT", "If-None-Match")] * 2
+    assert shape(log)[2] == ("PUT", "If-Match")
+    assert log.requests[2].path.endswith("/runs/heads/layout.json")
 
-    # A tool result is saved alone, as the Agent does while other tools still run.
+    # A tool result is saved alone, as the Agent does while other tools still run: its entry,
+    # then the head, which commits it. No GET, HEAD or LIST on the way.
     call = {"type": "tool_call", "id": "c", "name": "lookup", "input": {"what": "it"}}
     state.append(MODEL, "", {"content": [call], "stop_reason": "tool_use"})
     await io.save(state)
@@ -63,35 +67,50 @@ async def test_saves_write_immutable_entries_then_a_conditional_snapshot(
         await agent.ause_tools(state)
     else:
         await asyncio.to_thread(agent.use_tools, state)
-    # The result's PUT commits it (layout 3): no check follows.
-    assert [(r.kind, (r.condition or "").split(":")[0]) for r in log.requests] == [
-        ("PUT", "If-None-Match"),
-    ]
+    assert shape(log) == [("PUT", "If-None-Match"), ("PUT", "If-Match")]
 
     log.clear()
-    # The snapshot is not written again only to count the result: a load replays it.
-    assert await io.save(state) is False
+    assert await io.save(state) is False  # nothing new: nothing sent
     assert log.counts() == {}
 
     found = await objects(io, "layout")
-    assert [(o.kind, o.seq) for o in found] == [("entry", n) for n in range(5)] + [
-        ("snapshot", None)
-    ]
+    assert [o.role for o in found] == ["head"] + ["entry"] * 5
     assert all(o.size > 0 for o in found)
 
 
-async def test_no_entry_object_ever_gets_a_second_version(
-    mode: Mode, stores: Stores, moto: S3Client
+async def test_the_first_save_of_a_process_checks_the_engine_once(
+    mode: Mode, stores: Stores
 ) -> None:
+    log = RequestLog()
+    io = stores.io(mode, event_hooks=log.hooks)
+    state = State("checked", id="checked")
+    await io.save(state)
+    probe = [r for r in log.requests if "/runs/probes/" in r.path]
+    assert [(r.kind, (r.condition or "-").split(":")[0]) for r in probe] == [
+        ("PUT", "If-None-Match"),  # the probe, created
+        ("PUT", "If-None-Match"),  # a second create: 412
+        ("PUT", "If-Match"),  # a stale If-Match: 412
+        ("DELETE", "-"),  # sent with the head PUT
+    ]
+    assert log.counts() == {"PUT": 5, "DELETE": 1}
+    log.clear()
+    state.add_user_message("more")
+    await io.save(state)  # checked already: the save's own requests only
+    assert log.counts() == {"PUT": 2}
+    assert [k for k in await stores.keys() if "/probes/" in k] == []
+
+
+async def test_no_object_is_ever_written_twice(mode: Mode, stores: Stores, moto: S3Client) -> None:
+    """Head PUTs that fail (503 after botocore's retries) and saves sent again: every entry
+    object's key holds one version, whatever was sent again."""
     bucket = stores.make_bucket(versioned=True)
-    # Every snapshot PUT with If-Match fails once, like a save that failed after retries.
-    fail_snapshot = Refuse(
+    fail_head = Refuse(
         503,
         "ServiceUnavailable",
         times=2,
-        when=lambda url, headers: url.endswith("snapshot.json") and "If-Match" in headers,
+        when=lambda url, headers: "/heads/" in url and "If-Match" in headers,
     )
-    io = stores.io(mode, bucket=bucket, event_hooks={"before-call.s3.PutObject": fail_snapshot})
+    io = stores.io(mode, bucket=bucket, event_hooks={"before-call.s3.PutObject": fail_head})
     state = State("versions", id="versions")
 
     await io.save(state)
@@ -102,17 +121,16 @@ async def test_no_entry_object_ever_gets_a_second_version(
         except Exception:  # noqa: BLE001 - the next save sends the same entries again
             pass
     await io.save(state)
-    # Resent by hand too: whole history, several times.
     record = await io.read("versions")
     assert record is not None
-    for _ in range(2):
+    for _ in range(2):  # the whole history sent again by hand: nothing is written
         await io.write("versions", list(record.entries), None)
 
-    assert fail_snapshot.refused == 2
-    versions = moto.list_object_versions(Bucket=bucket, Prefix="runs/versions/entries/")
+    assert fail_head.refused == 2
+    versions = moto.list_object_versions(Bucket=bucket, Prefix="runs/states/versions/")
     keys = [v["Key"] for v in versions.get("Versions", [])]
-    assert len(keys) == 7 and len(set(keys)) == 7, keys
-    assert not versions.get("DeleteMarkers")
+    assert len(keys) == len(set(keys)) >= 7, keys
+    assert (await io.load("versions")).history == state.history
 
 
 async def test_leftovers_of_a_create_that_died_do_not_block_the_id(
@@ -120,9 +138,14 @@ async def test_leftovers_of_a_create_that_died_do_not_block_the_id(
 ) -> None:
     io = stores.io(mode)
     dead = uuid.uuid4().hex[:16]
-    for seq in range(3):  # what a process killed before its snapshot PUT leaves
-        key = f"runs/reused/entries/{dead}/{seq:010d}.json"
-        moto.put_object(Bucket=stores.bucket, Key=key, Body=b'{"v":1,"seq":%d}' % seq)
+    for seq in range(3):  # what a process killed before its head PUT leaves
+        key = f"runs/states/reused/{dead}/e{seq:010d}.{dead}.json"
+        moto.put_object(
+            Bucket=stores.bucket,
+            Key=key,
+            Body=b'{"v":1,"seq":%d}' % seq,
+            Metadata={"alpineagents-s3": "entry"},
+        )
 
     assert await io.read("reused") is None
     assert await io.list() == []
@@ -131,13 +154,21 @@ async def test_leftovers_of_a_create_that_died_do_not_block_the_id(
     state = State("reused id", id="reused")
     await io.save(state)
     assert (await io.load("reused")).history == state.history
-    kinds = [o.kind for o in await objects(io, "reused")]
-    assert sorted(kinds) == ["abandoned"] * 3 + ["entry", "snapshot"]
+    roles = [o.role for o in await objects(io, "reused")]
+    assert sorted(roles) == ["entry", "head"] + ["unnamed"] * 3
     await io.delete("reused")
-    assert await objects(io, "reused") == []
+    # The leftovers are of no incarnation a delete marked: a create may still be writing
+    # them, as far as the store can tell. sweep removes them once old.
+    assert len(await objects(io, "reused")) == 3
+    store = io.store
+    assert isinstance(store, S3Store)
+    removed = await asyncio.to_thread(store.sweep, 0)
+    assert len(removed) == 3 and await objects(io, "reused") == []
 
 
-async def test_load_fetches_concurrently_within_the_limit(mode: Mode, stores: Stores) -> None:
+async def test_a_load_fetches_the_parts_at_once_within_the_limit(
+    mode: Mode, stores: Stores
+) -> None:
     await stores.io(mode).write("wide", entry_dicts(0, 40), snapshot_dict("wide", 40), create=True)
     log, flight = RequestLog(), InFlight()
     hooks = {f"{event}.GetObject": hook for event, hook in flight.hooks.items()}
@@ -145,10 +176,9 @@ async def test_load_fetches_concurrently_within_the_limit(mode: Mode, stores: St
 
     loaded = await io.load("wide")
     assert len(loaded.history) == 40
-
-    assert log.counts() == {"GET": 41, "LIST": 2}  # the segments, the entries
-    first_two = sorted(r.operation for r in log.requests[:2])
-    assert first_two == ["GetObject", "ListObjectsV2"]  # the snapshot and the listing at once
+    # The head, then its parts: two segments of 16 and 8 entry objects; no LIST.
+    assert log.counts() == {"GET": 1 + 2 + 8}
+    assert log.requests[0].path.endswith("/runs/heads/wide.json")
     assert 1 < flight.most <= 4
 
 
@@ -186,10 +216,10 @@ async def test_server_side_encryption_reaches_every_put(
     state = State("secret", id="s")
     await io.save(state)
     state.add_user_message("more")
-    await io.save(state)  # an update: entry PUT and If-Match snapshot PUT
+    await io.save(state)  # an update: entry PUT and If-Match head PUT
 
     keys = [o["Key"] for o in moto.list_objects_v2(Bucket=stores.bucket)["Contents"]]
-    assert len(keys) == 3
+    assert len(keys) == 3  # the head and two entries (the probe was deleted)
     for key in keys:
         head = moto.head_object(Bucket=stores.bucket, Key=key)
         assert (head.get("ServerSideEncryption"), head.get("SSEKMSKeyId")) == expected, key

@@ -19,7 +19,7 @@ from moto.s3.models import s3_backends
 
 from alpineagents import State, open_store
 from alpineagents_s3 import S3Store, StoreClosedError
-from alpineagents_s3._layout import GENERATION_META
+from alpineagents_s3._keys import Layout
 from alpineagents_s3.testing import RequestLog, embedded_moto
 from tests.helpers import MakeBucket, entry_dicts, snapshot_dict
 from tests.s3.helpers import ClientsSeen, body
@@ -119,7 +119,7 @@ def test_a_given_client_is_used_and_not_closed(moto_url: str, moto_bucket: MakeB
         assert store == S3Store(bucket, endpoint_url=moto_url)
         store.save(State("given client", id="g"))
         store.close()
-        assert client.head_object(Bucket=bucket, Key="g/snapshot.json")["ContentLength"] > 0
+        assert client.head_object(Bucket=bucket, Key="heads/g.json")["ContentLength"] > 0
     finally:
         client.close()
 
@@ -230,7 +230,18 @@ def test_list_pages_past_a_thousand_states(moto_url: str, moto_bucket: MakeBucke
         snapshot = snapshot_dict(
             f"s{n:04d}", 1, updated_at=(start + timedelta(minutes=n)).isoformat()
         )
-        objects[f"runs/s{n:04d}/snapshot.json"] = (body(snapshot), {GENERATION_META: "ab"})
+        head = {
+            "alpineagents-s3": 1,
+            "id": f"s{n:04d}",
+            "inc": f"{n:016x}",
+            "write": f"{n:016x}",
+            "after": None,
+            "rev": 0,
+            "count": 0,
+            "parts": [],
+            "snapshot": snapshot,
+        }
+        objects[f"runs/heads/s{n:04d}.json"] = (body(head), {"alpineagents-s3": "head"})
     _seed(bucket, objects)
     log = RequestLog()
     with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=log.hooks) as store:
@@ -240,29 +251,38 @@ def test_list_pages_past_a_thousand_states(moto_url: str, moto_bucket: MakeBucke
     assert log.counts() == {"LIST": 2, "GET": 1005}
 
 
-def test_delete_removes_every_object_in_batches(
+def test_delete_removes_every_object(
     moto_url: str, moto_bucket: MakeBucket, moto: S3Client
 ) -> None:
     bucket = moto_bucket()
     with S3Store(bucket, "runs", endpoint_url=moto_url) as store:
-        store.write("big", entry_dicts(0, 1), snapshot_dict("big", 1), create=True)
-        first = store.objects("big")[0].key  # runs/big/entries/{generation}/0000000000.json
-    objects: dict[str, tuple[bytes, dict[str, str]]] = {
-        first.replace("0000000000", f"{e['seq']:010d}"): (body(e), {}) for e in entry_dicts(1, 1500)
-    }
-    _seed(bucket, objects)
+        store.write("big", entry_dicts(0, 300), snapshot_dict("big", 300), create=True)
     log = RequestLog()
     with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=log.hooks) as store:
-        assert len(store.objects("big")) == 1501
+        found = store.objects("big")
+        assert len(found) == 1 + 3 + 12  # the head; 256 + 2 x 16 entries in segments; 12 more
         log.clear()
-        store.delete("big")
+        deleted = store.delete("big")
+        assert deleted is not None and deleted.objects == 16 and not deleted.kept
         with pytest.raises(KeyError, match="big"):
             store.delete("big")
     kinds = [(r.operation, r.kind) for r in log.requests]
-    assert kinds.count(("DeleteObject", "DELETE")) == 1  # the snapshot, first
-    assert kinds.count(("DeleteObjects", "DELETE")) == 2  # 1,499 entries, 1,000 a request
-    assert kinds.index(("DeleteObject", "DELETE")) < kinds.index(("DeleteObjects", "DELETE"))
+    # The head read, the incarnation marked dead, the head deleted, the folder listed, its
+    # objects deleted (1,000 a request), the tombstone last.
+    assert [op for op, _ in kinds[:5]] == [
+        "GetObject",
+        "PutObject",
+        "DeleteObject",
+        "ListObjectsV2",
+        "DeleteObjects",
+    ]
     assert moto.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+def test_deletes_go_1000_keys_a_request() -> None:
+    layout = Layout("b", "runs/", "http://x", {})
+    calls = layout.delete_many([(f"k{n}", None) for n in range(2500)])
+    assert [len(c.params["Delete"]["Objects"]) for c in calls] == [1000, 1000, 500]
 
 
 # Helpers for demos ----------------------------------------------------------------------------
@@ -276,9 +296,9 @@ def test_embedded_moto_serves_a_demo_and_cleans_up(monkeypatch: pytest.MonkeyPat
         with S3Store("demo-bucket", "runs", endpoint_url=url) as store:
             state = State("demo", id="demo")
             store.save(state)
-            layout = [(o.key, o.kind) for o in store.objects("demo")]
-        assert layout[-1] == ("runs/demo/snapshot.json", "snapshot")
-        assert layout[0][1] == "entry" and layout[0][0].endswith("/0000000000.json")
+            layout = [(o.key, o.role) for o in store.objects("demo")]
+        assert layout[0] == ("runs/heads/demo.json", "head")
+        assert layout[1][1] == "entry" and "/e0000000000." in layout[1][0]
     assert "AWS_ACCESS_KEY_ID" not in os.environ
 
 
