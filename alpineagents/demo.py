@@ -29,11 +29,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from alpineagents import Agent, State, Store, open_store
 from alpineagents.model import Model, ModelRequest
+from alpineagents.store import ENTRY_POINT_GROUP
 from alpineagents.testing import FunctionModel, call
 
 STATE_ID = "book-oslo-trip"
@@ -113,11 +115,29 @@ def make_model() -> Model | str:
     return FunctionModel(scripted, name="scripted-demo-model")
 
 
+def demo_support(store_url: str) -> Any | None:
+    """What the store registered for the URL's scheme offers the demo, if anything.
+
+    A plugin's store class may have a ``demo_support()`` class method returning an object with
+    ``serve()`` (a context manager yielding a store URL), ``options(path)`` (store options that
+    log the requests of a demo process to ``path``) and ``report(store, state_id, path)``.
+    The core knows no plugin by name: it finds the class through the ``alpineagents.stores``
+    entry points.
+    """
+    scheme = store_url.split("://", 1)[0] if "://" in store_url else store_url
+    if not scheme or scheme == "file":
+        return None
+    found = entry_points(group=ENTRY_POINT_GROUP, name=scheme)
+    if not found:
+        return None
+    support = getattr(next(iter(found)).load(), "demo_support", None)
+    return support() if callable(support) else None
+
+
 def child(store_url: str, state_id: str, resume: bool) -> None:
     """One process of the demo: start the run, or resume it."""
-    options = {}
-    if store_url.startswith("s3://"):
-        options["event_hooks"] = _request_file_hooks(Path(os.environ["DEMO_REQUESTS"]))
+    support = demo_support(store_url)
+    options = support.options(Path(os.environ["DEMO_REQUESTS"])) if support else {}
     store = open_store(store_url, **options)
     agent = Agent(make_model(), system=SYSTEM, tools=TOOLS, store=store)
     state = store.load(state_id) if resume else State(TASK, id=state_id)
@@ -209,51 +229,10 @@ def run_demo(store_url: str, workdir: Path) -> str:
         if bookings == 1
         else f"\nbook_flight ran {bookings} times."
     )
-    if store_url.startswith("s3://"):
-        show_objects(store, state_id, Path(env["DEMO_REQUESTS"]))
+    support = demo_support(store_url)
+    if support is not None and Path(env["DEMO_REQUESTS"]).exists():
+        support.report(store, state_id, Path(env["DEMO_REQUESTS"]))
     return state_id
-
-
-def _request_file_hooks(path: Path) -> dict[str, Callable[..., Any]]:
-    """Botocore hooks that append each S3 request of this process to ``path``."""
-    import dataclasses
-    import threading
-
-    from alpineagents_s3.testing import RequestLog
-
-    log, lock = RequestLog(), threading.Lock()
-    (record,) = log.hooks.values()
-
-    def persist(**kwargs: Any) -> None:
-        with lock:
-            record(**kwargs)
-            with path.open("a") as out:
-                out.write(json.dumps(dataclasses.asdict(log.requests[-1])) + "\n")
-
-    return {"before-send.s3": persist}
-
-
-def show_objects(store: Store, state_id: str, requests_file: Path) -> None:
-    """Print the State's objects in the bucket and the requests both processes sent."""
-    requests = [json.loads(line) for line in requests_file.read_text().splitlines()]
-    puts: dict[str, list[str]] = {}
-    for request in requests:
-        if request["kind"] == "PUT":
-            key = request["path"].split("/", 2)[2]  # /bucket/key, path-style
-            puts.setdefault(key, []).append(request["condition"] or "unconditional")
-    print("\n== the State's objects in the bucket (store.objects) ==")
-    for obj in store.objects(state_id):  # type: ignore[attr-defined]
-        conditions = [c.split(":")[0] for c in puts.get(obj.key, [])]
-        how = "created with If-None-Match: *" if conditions[:1] == ["If-None-Match"] else "-"
-        if conditions.count("If-Match"):
-            how += f", then replaced {conditions.count('If-Match')} x with If-Match: <our ETag>"
-        print(f"   {obj.key:<58} {obj.size:>4} B  {obj.kind:<8}  {how}")
-    kinds: dict[str, int] = {}
-    for request in requests:
-        kinds[request["kind"]] = kinds.get(request["kind"], 0) + 1
-    conditional = sum(1 for r in requests if r["kind"] == "PUT" and r["condition"])
-    counted = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-    print(f"\n   requests of both processes: {counted}; {conditional} of the PUTs conditional")
 
 
 @contextlib.contextmanager
@@ -263,13 +242,15 @@ def demo_store(choice: str, workdir: Path, keep: Path | None) -> Iterator[str]:
         folder = keep if keep is not None else workdir / "agent-runs"
         folder.mkdir(parents=True, exist_ok=True)
         yield str(folder)
-    elif choice == "s3":
-        from alpineagents_s3.testing import embedded_moto
-
-        with embedded_moto("alpineagents-demo") as endpoint:
-            os.environ["AWS_ENDPOINT_URL_S3"] = endpoint  # the child processes inherit it
-            print(f"Embedded S3 server (moto) on {endpoint}")
-            yield "s3://alpineagents-demo/runs/"
+    elif "://" not in choice:  # a scheme alone: the plugin's own server, if it has one
+        support = demo_support(choice)
+        if support is None:
+            raise SystemExit(
+                f"--store {choice}: no store plugin offers a demo server for {choice!r} "
+                "(for S3: pip install './packaging/alpineagents-s3[testing]')"
+            )
+        with support.serve() as url:
+            yield url
     else:
         yield choice
 

@@ -6,15 +6,16 @@ read is named in :class:`~alpineagents_s3.errors.IncompleteListError`, which sti
 summary that was read.
 
 With ``limit=k`` the heads are fetched newest first by ``LastModified`` (the time of their last
-save), and the list stops when the k newest ``updated_at`` found are no older than the
-``LastModified`` of the next head: a save's ``updated_at`` is never later than the PUT of its
-head, so no head not fetched can be newer. That is k GETs when clocks agree.
+save), and the list stops when the k newest ``updated_at`` found are at least a second newer
+than the ``LastModified`` of the next head (S3 gives it to the second): a save's
+``updated_at`` is never later than the PUT of its head, so no head not fetched can be newer.
+That is k GETs, and a few more for States saved in the same second, when clocks agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from alpineagents_s3._codec import validate_id
@@ -34,6 +35,8 @@ from alpineagents_s3.errors import (
 __all__ = ["StoredObject", "list_states", "objects"]
 
 _EPOCH = datetime.min.replace(tzinfo=UTC)
+# LastModified is given to the second: a head saved at 12:00:05.9 may say 12:00:05.
+_TICK = timedelta(seconds=1)
 
 
 def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
@@ -54,7 +57,7 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
         if limit is None:
             wave, candidates = candidates, []
         else:
-            if len(found) >= limit and _newest(found, limit) >= candidates[0][0]:
+            if len(found) >= limit and _newest(found, limit) >= candidates[0][0] + _TICK:
                 break
             size = max(limit - len(found), 1)
             wave, candidates = candidates[:size], candidates[size:]

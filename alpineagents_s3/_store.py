@@ -164,6 +164,13 @@ class S3Store(Store):
             raise ValueError(f"not an S3Store URL: {scrub(url)!r} (expected s3://bucket/prefix)")
         return cls(parts.netloc, parts.path, **options)
 
+    @classmethod
+    def demo_support(cls) -> Any:
+        """What ``python -m alpineagents.demo --store s3`` uses (``alpineagents_s3.demo``)."""
+        from alpineagents_s3 import demo
+
+        return demo
+
     # Identity --------------------------------------------------------------------------
 
     def __repr__(self) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from alpineagents_s3._delete import marked, remove
 from alpineagents_s3._head import Head
-from alpineagents_s3._keys import fail, list_all
+from alpineagents_s3._keys import TOMBSTONE, fail, list_all
 from alpineagents_s3._memory import Ctx
 from alpineagents_s3._steps import Steps, error_code, send
 from alpineagents_s3._translate import NOT_FOUND_CODES
@@ -65,7 +65,14 @@ def sweep(
         folder = layout.folder_of(obj["Key"])
         if folder is not None:
             groups.setdefault(folder, []).append(obj)
-    ids = sorted({state_id for state_id, _ in groups})
+    # Only a State with an old object or a tombstone can have something to remove.
+    ids = sorted(
+        {
+            state_id
+            for (state_id, inc), objects in groups.items()
+            if any(_older(obj, cutoff) or obj["Key"].endswith(TOMBSTONE) for obj in objects)
+        }
+    )
     outcomes = yield from send([layout.get(layout.head_key(i)) for i in ids], layout.root)
     heads: dict[str, Head | None] = {}
     for state_id, outcome in zip(ids, outcomes, strict=True):
