@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -242,7 +243,7 @@ def demo_store(choice: str, workdir: Path, keep: Path | None) -> Iterator[str]:
         folder = keep if keep is not None else workdir / "agent-runs"
         folder.mkdir(parents=True, exist_ok=True)
         yield str(folder)
-    elif "://" not in choice:  # a scheme alone: the plugin's own server, if it has one
+    elif re.fullmatch(r"[a-z][a-z0-9+.-]*", choice):  # a scheme alone ("s3"): its server
         support = demo_support(choice)
         if support is None:
             raise SystemExit(

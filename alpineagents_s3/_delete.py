@@ -135,10 +135,10 @@ def remove(layout: Layout, keys: Sequence[tuple[str, str | None]]) -> Steps[None
             fault = Fault(str(first.get("Code")), None, str(first.get("Message", "")))
             error = translate_fault(fault, layout.where("DeleteObjects", str(first.get("Key"))))
             if first.get("Code") in ACCESS_CODES and any(v for _, v in chunk):
-                error = S3AccessDeniedError(
-                    f"{error} The bucket {layout.bucket!r} refused to delete object versions: "
+                raise S3AccessDeniedError(
+                    f"{error}. The bucket {layout.bucket!r} refused to delete object versions: "
                     "Object Lock (a retention period or legal hold) or MFA delete is on for it. "
-                    "Nothing is erased while it protects them"
+                    f"{len(errors)} of {len(chunk)} versions are kept while it protects them"
                 )
             raise S3StoreError(
                 f"{len(errors)} of {len(chunk)} objects were not deleted ({error}): run the "
@@ -147,7 +147,13 @@ def remove(layout: Layout, keys: Sequence[tuple[str, str | None]]) -> Steps[None
 
 
 def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int]:
-    """Remove every version and delete marker of the dead incarnations and of the old heads."""
+    """Remove the versions and delete markers the State left; how many.
+
+    In the folders of dead incarnations, every version of every key the store names; in other
+    folders under the State's (a State made again, a create under way, or one deleted before
+    without purge), every version but a current object; of the head, every version but the
+    current one of a State made again since.
+    """
     layout = ctx.layout
     (status,) = yield from send(
         [Call("get_bucket_versioning", {"Bucket": layout.bucket})], layout.root
@@ -155,19 +161,21 @@ def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int
     if isinstance(status, dict) and status.get("Status") not in ("Enabled", "Suspended"):
         return 0  # never versioned: the plain delete left nothing
     found = []
-    for inc in sorted(dead):  # keys the store names, in folders of incarnations it deleted
-        found += [
-            v
-            for v in (yield from _versions(layout, layout.inc_folder(state_id, inc)))
-            if (layout.part_name(v[0]) or v[0].endswith(TOMBSTONE)) and v[0] not in kept
-        ]
+    for key, version, marker, latest in (
+        yield from _versions(layout, layout.state_folder(state_id))
+    ):
+        folder = layout.folder_of(key)
+        if folder is None or key in kept or not (layout.part_name(key) or key.endswith(TOMBSTONE)):
+            continue  # not a name the store gives, or a stranger's
+        if folder[1] in dead or marker or not latest:
+            found.append((key, version, marker))
     head_key = layout.head_key(state_id)
     heads = [v for v in (yield from _versions(layout, head_key)) if v[0] == head_key]
     live = next((v for v in heads if v[3] and not v[2]), None)  # a head created since: kept
-    found += [v for v in heads if v is not live]
+    found += [(k, v, m) for k, v, m, _ in heads if (k, v, m, _) != live]
     # Data versions first: a delete marker removed before them would bring an object back.
-    data = [(key, version) for key, version, marker, _ in found if not marker]
-    markers = [(key, version) for key, version, marker, _ in found if marker]
+    data = [(key, version) for key, version, marker in found if not marker]
+    markers = [(key, version) for key, version, marker in found if marker]
     yield from remove(layout, data)
     yield from remove(layout, markers)
     return len(data) + len(markers)

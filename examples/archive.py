@@ -15,10 +15,9 @@ States that are still running, were killed mid-run, wait for an answer (``ask``)
 ``max_steps`` stay where they are.
 
 "Colder" is up to the archive's location: another prefix whose S3 lifecycle rules expire or
-transition objects (docs/s3.md, "Lifecycle rules"), another bucket, another account. With
-``--pack`` (an S3 archive), each archived State is also packed (``S3Store.pack`` with
-``remove_entries=True``): its snapshot and a few objects of 128 KiB or more, which lifecycle
-rules transition, instead of one small object per entry, which they do not.
+transition objects (docs/s3.md, "Lifecycle rules"), another bucket, another account. An S3
+archive keeps each State as its head and a few large segments (S3Store packs them as it
+writes), which lifecycle rules transition.
 """
 
 from __future__ import annotations
@@ -72,18 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         help="only States not updated for this long (30d, 12h, 45m, 0s; default 30d)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print what would move, move none")
-    parser.add_argument(
-        "--pack",
-        action="store_true",
-        help="pack each archived State into objects of 128 KiB or more and remove its entry "
-        "objects, so that lifecycle rules can move it to colder storage (an s3:// archive)",
-    )
     args = parser.parse_args(argv)
 
     with open_store(args.source) as source, open_store(args.archive) as archive:
-        pack = getattr(archive, "pack", None)
-        if args.pack and pack is None:
-            parser.error(f"--pack: {args.archive} is not an S3 store (s3://BUCKET/PREFIX)")
         ids = finished_ids(source, args.older_than)
         if not ids:
             print("nothing to archive", flush=True)
@@ -95,14 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         # on_exists="error": a *different* State under the same id in the archive is a
         # conflict to look at, never overwritten; an identical one is skipped.
         moved = move_states(source, archive, ids, progress=report)
-        if args.pack and pack is not None:
-            for outcome in moved:
-                packed = pack(outcome.id, remove_entries=True)
-                print(
-                    f"packed: {outcome.id} ({packed.covered} entries in "
-                    f"{len(packed.written)} new object(s), {len(packed.removed)} removed)",
-                    flush=True,
-                )
     print(f"moved {sum(t.removed for t in moved)} State(s) to {args.archive}", flush=True)
     return 0
 

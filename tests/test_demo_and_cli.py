@@ -91,6 +91,6 @@ def test_demo_on_an_embedded_s3_server_shows_the_objects() -> None:
     out = run_demo("--store", "s3", env=env)
     assert "Store: s3://alpineagents-demo/runs/" in out
     assert "book_flight ran 1 time(s)" in out
-    assert "runs/book-oslo-trip/snapshot.json" in out
-    assert "created with If-None-Match: *, then replaced" in out
-    assert out.count("entry     created with If-None-Match: *") == 9
+    assert "runs/heads/book-oslo-trip.json" in out
+    assert "head     created with If-None-Match: *, then replaced" in out
+    assert out.count("entry    created with If-None-Match: *") == 9

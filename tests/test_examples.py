@@ -92,7 +92,7 @@ def test_chat_loop_resumes_across_processes(
     ]
     assert state.stopped_by == "reply"
     if kind == "s3":
-        assert any(k.endswith(f"chats/{saved.id}/snapshot.json") for k in keys(moto_url, bucket))
+        assert f"chats/heads/{saved.id}.json" in keys(moto_url, bucket)
     store.close()
 
 
@@ -225,31 +225,20 @@ def test_archive_from_a_folder_into_a_bucket(tmp_path: Path, moto_url: str, aws:
     env = offline_env(moto_url)
     before = FileStore(folder).load("finished")
     moved = run(
-        example("archive.py", str(folder), f"s3://{bucket}/2026", "--older-than", "0s", "--pack"),
+        example("archive.py", str(folder), f"s3://{bucket}/2026", "--older-than", "0s"),
         env,
         tmp_path,
     )
-    assert "packed: finished (" in moved.stdout
+    assert "archived: finished (" in moved.stdout
     assert sorted(s.id for s in FileStore(folder).list()) == ["asking", "running"]
     with S3Store(bucket, "2026", endpoint_url=moto_url) as cold:
         assert sorted(s.id for s in cold.list()) == ["finished", "replied"]
         after = cold.load("finished")
         assert after.answer == "ok" and after.history == before.history
-        # Packed, the entry objects removed: the snapshot and one segment each.
+        # Each State copied in one write: its head and its entries, nothing left over.
         for state_id in ("finished", "replied"):
-            assert sorted(o.kind for o in cold.objects(state_id)) == ["segment", "snapshot"]
-
-
-def test_archive_packs_only_into_a_bucket(tmp_path: Path, moto_url: str) -> None:
-    done = subprocess.run(
-        example("archive.py", str(tmp_path), str(tmp_path / "b"), "--pack"),
-        env=offline_env(moto_url),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 2
-    assert f"--pack: {tmp_path / 'b'} is not an S3 store" in done.stderr
+            roles = {o.role for o in cold.objects(state_id)}
+            assert roles <= {"head", "entry", "segment"} and "head" in roles
 
 
 def test_archive_refuses_a_bad_age(tmp_path: Path, moto_url: str) -> None:

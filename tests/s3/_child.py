@@ -8,6 +8,9 @@ Modes:
         Create a State whose model turn calls two tools and let an Agent run them: the fast
         one's result is saved alone while the slow one still runs; SIGKILL itself the moment
         S3 has stored the head that commits it.
+    purge ENDPOINT BUCKET ID K
+        Delete State ID with purge=True; SIGKILL itself as its K-th request is sent (K = 0:
+        never), printing "requests N" when it ends.
     race ENDPOINT BUCKET WRITER
         For each line "go ID" on stdin, create State ID and print "won ID" or
         "lost ID ExceptionType"; print "ready" first.
@@ -89,6 +92,19 @@ def crash_after_tool_result(endpoint: str, bucket: str, state_id: str) -> None:
     raise SystemExit("not killed")
 
 
+def purge(endpoint: str, bucket: str, state_id: str, kill_at: str) -> None:
+    sent = [0]
+
+    def count(request: Any, **kwargs: Any) -> None:
+        sent[0] += 1
+        if sent[0] == int(kill_at):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    store = S3Store(bucket, "runs", endpoint_url=endpoint, event_hooks={"before-send.s3": count})
+    store.delete(state_id, purge=True)
+    print(f"requests {sent[0]}", flush=True)
+
+
 def race(endpoint: str, bucket: str, writer: str) -> None:
     store = S3Store(bucket, "runs", endpoint_url=endpoint)
     print("ready", flush=True)
@@ -109,6 +125,7 @@ if __name__ == "__main__":
     commands: dict[str, Callable[..., None]] = {
         "crash-before-head": crash_before_head,
         "crash-after-tool-result": crash_after_tool_result,
+        "purge": purge,
         "race": race,
     }
     commands[mode](*args)
