@@ -1,4 +1,4 @@
-"""Fixtures every test module may ask for: the two modes, and moto's S3 server.
+"""Fixtures every test module may ask for: the two modes, and moto's S3 server; the markers.
 
 moto (its real HTTP server, ThreadedMotoServer on 127.0.0.1) starts the first time a test asks
 for ``moto_url`` and serves the rest of the session; a run without S3 tests never starts it,
@@ -21,18 +21,26 @@ if TYPE_CHECKING:
 pytest_plugins = ["pytester"]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "slow: starts a process or talks to an S3 server; `pytest -m 'not slow'` is the fast lane",
-    )
+# The fixtures that start moto's S3 server, here and in the test modules and folders that
+# start their own (tests/plugin/conftest.py, test_examples.py, test_serverless.py,
+# test_docs.py); a test that uses one, directly or through another fixture, is a `server`
+# test. LocalStack's is an `integration` test.
+SERVER_FIXTURES = frozenset({"moto_url", "moto_endpoint", "s3_for_docs"})
+INTEGRATION_FIXTURES = frozenset({"localstack_url"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that needs an S3 server (moto's or LocalStack) is slow too: not in the fast lane."""
+    """Mark the tests that need an S3 server: not in the fast tier.
+
+    A fixture asked for at run time (``request.getfixturevalue``) is not seen here: such a
+    parameter carries the mark itself (``pytest.param("s3", marks=pytest.mark.server)``).
+    """
     for item in items:
-        if {"moto_url", "localstack_url"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.server)
+        if names & INTEGRATION_FIXTURES:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(params=["sync", "async"])

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 StoreFactory = Callable[[str], Store]
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.server)])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     """Makes stores of one kind: ``make_store("a")`` is a folder or a prefix named ``a``."""
     opened: list[Store] = []
