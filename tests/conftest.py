@@ -43,6 +43,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+@pytest.fixture
+def compact_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model entries written compact (schema version 2), as a later release will write them:
+    this one only reads them."""
+    from alpineagents import _serialize
+
+    monkeypatch.setattr(_serialize, "_WRITE_COMPACT", True)
+
+
 @pytest.fixture(params=["sync", "async"])
 def mode(request: pytest.FixtureRequest) -> Mode:
     """Run the test once with the sync API and once with the async one."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import json
 import logging
 import os
 import subprocess
@@ -24,7 +25,7 @@ from alpineagents import Agent, FileStore, SavedState, State, Store
 from alpineagents.history import MODEL, TOOL_RESULT, ModelData
 from alpineagents.model import ModelRequest
 from alpineagents.store import Record
-from alpineagents.testing import FunctionModel, TestModel
+from alpineagents.testing import FunctionModel, TestModel, call
 
 Mode = Literal["sync", "async"]
 
@@ -425,3 +426,36 @@ def bucket_maker(client: Any) -> MakeBucket:
         return name
 
     return make
+
+
+# A State an Agent ran, for the tests of the stored form ---------------------------------------
+
+REPLY = "Let me look that up. " * 4
+
+
+def lookup(q: str) -> str:
+    """Look something up."""
+    return f"rows for {q}"
+
+
+def agent_state(store: FileStore, steps: int = 3) -> State:
+    """A State an Agent ran for ``steps`` tool-using steps, saved in ``store``."""
+    made = 0
+
+    def respond(request: Any) -> Any:
+        nonlocal made
+        made += 1
+        if made > steps:
+            return "All done."
+        return [{"type": "text", "text": REPLY}, call("lookup", q=f"q{made}")]
+
+    agent = Agent(FunctionModel(respond), tools=[lookup], store=store)
+    state = State("look things up", id="run")
+    agent.run(state)
+    return state
+
+
+def stored_lines(store: FileStore, state_id: str) -> list[dict[str, Any]]:
+    """The JSON lines of a State's entries.jsonl."""
+    text = (store.path / state_id / "entries.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]

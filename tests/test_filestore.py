@@ -21,6 +21,7 @@ import pytest
 
 from alpineagents import CorruptStateError, FileStore, State, StateExistsError, StoreError
 from alpineagents import filestore as filestore_module
+from tests.helpers import agent_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -373,3 +374,47 @@ def test_doctor_fails_modes_that_are_not_kept_and_locks_that_do_not_work(
     assert checks["writable"].ok
     assert not checks["modes"].ok and "0755" in checks["modes"].detail
     assert not checks["locks"].ok and "refuses flock" in checks["locks"].detail
+
+
+# The snapshot ------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("compact_entries")
+def test_a_save_replaces_the_snapshot_by_one_rename_onto_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    agent_state(store, steps=1)
+    renames: list[tuple[str, bool]] = []
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        renames.append((Path(dst).name, os.path.exists(dst)))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    state = store.load("run")
+    state.add_user_message("next")
+    store.save(state)
+    # Onto the old file: ext4 then writes the new data first, so a power cut leaves a whole
+    # snapshot, the old or the new one (renaming onto no file would skip that).
+    assert renames == [("snapshot.json", True)]
+    assert sorted(os.listdir(tmp_path / "run")) == ["entries.jsonl", "snapshot.json"]
+    assert FileStore(tmp_path).load("run").history[-1].text == "next"
+
+
+@pytest.mark.usefixtures("compact_entries")
+def test_an_unchanged_snapshot_is_not_rewritten(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="s")
+    store.save(state)
+    path = tmp_path / "s" / "snapshot.json"
+    snapshot = json.loads(path.read_bytes())
+    before = os.stat(path)
+    store.write("s", [], snapshot)  # byte for byte what is on disk
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    # The store object's view is still right: a changed snapshot replaces it.
+    store.write("s", [], {**snapshot, "data": {"k": 1}})
+    assert os.stat(path).st_ino != before.st_ino
+    assert store.load("s").data == {"k": 1}
