@@ -8,12 +8,23 @@ nor imports boto3 or moto.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.helpers import AWS_ENV, AWS_UNSET, MakeBucket, Mode, bucket_maker, moto_server
+from alpineagents import FileStore
+from tests.helpers import (
+    AWS_ENV,
+    AWS_UNSET,
+    CliRun,
+    MakeBucket,
+    Mode,
+    bucket_maker,
+    make_states,
+    moto_server,
+)
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -57,6 +68,22 @@ def mode(request: pytest.FixtureRequest) -> Mode:
     """Run the test once with the sync API and once with the async one."""
     param: Mode = request.param
     return param
+
+
+# The command line ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliRun]:
+    """``cli("ls", folder)``: runs ``alpineagents ls folder`` in-process (``main(argv)``)."""
+    return lambda *argv: CliRun(capsys, *argv)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A FileStore folder with three finished States, updated in the order run-0, run-1, run-2."""
+    make_states(FileStore(tmp_path / "runs"), 3)
+    return tmp_path / "runs"
 
 
 # S3 ----------------------------------------------------------------------------------------

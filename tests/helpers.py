@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import io
 import json
 import logging
 import os
@@ -19,13 +20,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from alpineagents import Agent, FileStore, SavedState, State, Store
 from alpineagents.history import MODEL, TOOL_RESULT, ModelData
 from alpineagents.model import ModelRequest
 from alpineagents.store import Record
 from alpineagents.testing import FunctionModel, TestModel, call
+
+if TYPE_CHECKING:
+    import pytest
 
 Mode = Literal["sync", "async"]
 
@@ -459,3 +463,31 @@ def stored_lines(store: FileStore, state_id: str) -> list[dict[str, Any]]:
     """The JSON lines of a State's entries.jsonl."""
     text = (store.path / state_id / "entries.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines()]
+
+
+# The command line ----------------------------------------------------------------------------
+
+
+class CliRun:
+    """``alpineagents.cli.main(argv)``'s status and what it printed (the ``cli`` fixture)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], *argv: str):
+        from alpineagents.cli import main
+
+        self.status = main(list(argv))
+        captured = capsys.readouterr()
+        self.out, self.err = captured.out, captured.err
+
+    def error_line(self) -> str:
+        lines = self.err.splitlines()
+        assert len(lines) == 1, self.err
+        assert lines[0].startswith("alpineagents: error: ")
+        assert "Traceback" not in self.err
+        return lines[0]
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
