@@ -18,6 +18,7 @@ import pytest
 
 from alpineagents import Agent, ConcurrentWriteError, FileStore, State, _saving
 from alpineagents import filestore as filestore_module
+from alpineagents._filestore import writing as filestore_writing
 from alpineagents._serialize import entry_to_dict
 from tests.helpers import Mode, run, script
 
@@ -120,7 +121,7 @@ def test_a_copy_whose_failed_write_landed_saves_again_through_another_object(
         raise OSError(5, "Input/output error (injected)")
 
     with monkeypatch.context() as patch:
-        patch.setattr(filestore_module, "_fsync_dir", failing_fsync)
+        patch.setattr(filestore_writing, "_fsync_dir", failing_fsync)
         with pytest.raises(OSError, match="injected"):
             save(writer, state, mode)
     assert FileStore(runs).load("s").data == {"n": 1}  # it did land

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from alpineagents import FileStore, State, StoreError
-from alpineagents import filestore as filestore_module
+from alpineagents._filestore import reading as filestore_reading
 
 
 def test_list_skips_states_being_created_or_deleted(tmp_path: Path) -> None:
@@ -101,13 +101,13 @@ def test_list_with_a_limit_reads_only_the_newest_snapshots_whole(
     for n in range(40):
         store.save(State(f"task {n}", id=f"s{n}", data={"pad": "x" * 10_000}))
     read: list[str] = []
-    real = filestore_module.loads  # type: ignore[attr-defined]
+    real = filestore_reading.loads  # type: ignore[attr-defined]
 
     def counting(raw: bytes | str, where: str) -> Any:
         read.append(where)
         return real(raw, where)
 
-    monkeypatch.setattr(filestore_module, "loads", counting)
+    monkeypatch.setattr(filestore_reading, "loads", counting)
     newest = store.list(limit=3)
     assert [s.id for s in newest] == ["s39", "s38", "s37"]
     assert len(read) == 3

@@ -16,6 +16,7 @@ import pytest
 
 from alpineagents import CorruptStateError, FileStore, State
 from alpineagents import filestore as filestore_module
+from alpineagents._filestore import reading as filestore_reading
 from alpineagents._serialize import entry_to_dict
 from alpineagents.history import MODEL, TOOL_RESULT, ModelData
 from tests.helpers import REPLY, big_state
@@ -28,15 +29,15 @@ def test_a_load_builds_no_message_for_good_lines(
     store = FileStore(tmp_path)
     state = big_state(301)
     store.save(state)
-    monkeypatch.setattr(filestore_module, "_READ_CHUNK", 4096)  # many chunks, lines across them
+    monkeypatch.setattr(filestore_reading, "_READ_CHUNK", 4096)  # many chunks, lines across them
     wheres: list[str] = []
-    real = filestore_module.loads  # type: ignore[attr-defined]
+    real = filestore_reading.loads  # type: ignore[attr-defined]
 
     def counting(raw: bytes | str, where: str) -> Any:
         wheres.append(where)
         return real(raw, where)
 
-    monkeypatch.setattr(filestore_module, "loads", counting)
+    monkeypatch.setattr(filestore_reading, "loads", counting)
     assert store.load("big").history == state.history
     # The snapshot alone, named with its State.
     assert wheres == [f"{tmp_path / 'big' / 'snapshot.json'} (State 'big')"]
@@ -57,7 +58,7 @@ def test_a_damaged_line_is_named_by_its_number(
 ) -> None:
     store = FileStore(tmp_path)
     store.save(big_state(61))
-    monkeypatch.setattr(filestore_module, "_READ_CHUNK", 2048)
+    monkeypatch.setattr(filestore_reading, "_READ_CHUNK", 2048)
     path = tmp_path / "big" / "entries.jsonl"
     lines = path.read_bytes().split(b"\n")
     lines[40] = damage(lines[40])
@@ -133,7 +134,7 @@ def test_the_quick_parser_takes_a_line_only_as_json_loads_does() -> None:
         lines.append(bytes(damaged))
     taken = 0
     for line in lines:
-        quick = parsed(filestore_module._quick_json, line)
+        quick = parsed(filestore_reading._quick_json, line)
         if quick[0] == "value":
             taken += 1
             assert quick == parsed(json.loads, line), line
@@ -194,7 +195,7 @@ def test_value_over_two_lines_beside_a_line_of_two_values_is_refused(
     and 2 share the third line. Three lines, three values: the joined parse takes the file, the
     State loads, though no line but the third is JSON on its own and that one holds two values.
     """
-    monkeypatch.setattr(filestore_module, "_READ_CHUNK", chunk, raising=False)  # not in a4fcc24
+    monkeypatch.setattr(filestore_reading, "_READ_CHUNK", chunk, raising=False)  # not in a4fcc24
     store, path = _saved(tmp_path)
     lines = path.read_bytes().split(b"\n")[:-1]
     assert len(lines) == 3
