@@ -226,8 +226,8 @@ def _parse_file(file: BinaryIO, path: str) -> list[Any]:
 # json.loads takes, and shares the str of a key or short value between lines (json.loads
 # gives each line its own), so a load takes less memory too. It takes a line only when
 # json.loads does, with the same value (NaN and Infinity included, as json.loads takes them);
-# some lines json.loads takes it refuses, and those go to json.loads. tests/test_core_perf.py
-# pins that on edge cases and on 30,000 damaged lines.
+# some lines json.loads takes it refuses, and those go to json.loads.
+# tests/test_filestore_load.py pins that on edge cases and on 30,000 damaged lines.
 _quick_json: Final = partial(pydantic_core.from_json, allow_inf_nan=True, cache_strings=True)
 
 

@@ -1,4 +1,5 @@
-"""A child process that writes one State of a FileStore, for tests/test_filestore_writers.py.
+"""A child process that writes one State of a FileStore, for tests/test_filestore_writers.py and
+tests/test_filestore_leftovers.py.
 
 Three ways to run it (``python fs_writer.py WAY ...``):
 
