@@ -14,6 +14,10 @@ This version reads compact entries but does not write them yet (``_WRITE_COMPACT
 rolling deploy, or after a rollback, a process of the version before may resume a State this
 one saved, and it cannot read them. A later release writes them, once every process that
 reads the store understands them.
+
+(Longer than this project's ~400 lines on purpose: it is the one adapter every store uses, as
+the design asks, and the entry and snapshot halves share the schema version, the checks of
+stored values and the errors that name the State, the entry and the field.)
 """
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ When the run ends with an exception (Ctrl+C, ``sys.exit``, SIGTERM turned into
 ``(aborted: <ExceptionType>)`` and the State is saved before the exception propagates.
 
 (Longer than this project's ~400 lines on purpose: the steps are public methods of one class,
-each with its async twin, that users override; splitting the class would scatter the save
-points listed above. What is not the loop lives elsewhere: the context in ``_context``, the
-built-in tools in ``_builtin_tools``, saving in ``Store.save``.)
+each with its async twin, that users override, and the sequence of steps and save points above
+is read best in one place. What is not the loop lives elsewhere: the save points themselves,
+the checks before a run and the note of a failed save in ``_save_points``, the context in
+``_context``, the built-in tools in ``_builtin_tools``, saving in ``Store.save``.)
 """
 
 from __future__ import annotations
@@ -36,17 +37,16 @@ import logging
 import queue
 import re
 import threading
-import warnings
 from collections.abc import Callable, Generator, Iterable
-from enum import StrEnum
 from typing import Any, Final, Literal
 
 import pydantic
 
 from alpineagents import _builtin_tools as builtin_tools
-from alpineagents import _saving
+from alpineagents import _save_points, _saving
 from alpineagents._context import build_messages
-from alpineagents.errors import AlpineAgentsError, NotJSONError, ResumeWarning
+from alpineagents._save_points import SavePoint
+from alpineagents.errors import AlpineAgentsError, NotJSONError
 from alpineagents.history import (
     COMPACTION,
     MAX_DEPTH,
@@ -73,31 +73,6 @@ __all__ = ["Agent", "SavePoint"]
 logger = logging.getLogger(__name__)
 
 _SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
-
-
-class SavePoint(StrEnum):
-    """Where the Agent saves a State, one member per row of the guide's "When the Agent saves".
-
-    A save writes only what the store does not have yet, and nothing when nothing changed.
-    """
-
-    RUN_STARTS = "run_starts"
-    """``run``/``arun`` starts: a new State is created in the store, a changed one updated."""
-    RUN_ENDS = "run_ends"
-    """The run stops (reply, ``finish``, ``ask``, ``max_steps``): the last steps and the stop."""
-    BEFORE_THINK = "before_think"
-    """Before each model request, so that the model is never asked about a step the store
-    lacks (the saves before it have usually written everything; then it writes nothing)."""
-    AFTER_THINK = "after_think"
-    """After a model response that does not end the turn (tool calls, a pause)."""
-    AFTER_TOOL_RESULT = "after_tool_result"
-    """Each tool result alone, at once, while the other tools of the turn still run."""
-    AFTER_USE_TOOLS = "after_use_tools"
-    """After all the tool calls of a turn have results: everything not saved yet."""
-    AFTER_COMPACT = "after_compact"
-    """After a compaction: the summary entry."""
-    AGENT_SAVE = "agent_save"
-    """``agent.save(state)``: changes made outside the Agent's steps, such as a message."""
 
 
 Step = Literal["think", "use_tools", "compact"]
@@ -228,7 +203,7 @@ class Agent:
                 try:
                     self.store.save(state)
                 except Exception as save_error:  # noqa: BLE001 - noted on the run's own error
-                    _note_failed_save(error, save_error)
+                    _save_points.note_failed_save(error, save_error)
                 # Ctrl+C while saving propagates from here instead of the original.
             raise
 
@@ -258,7 +233,7 @@ class Agent:
                 try:
                     await self.store.asave(state)
                 except Exception as save_error:  # noqa: BLE001 - noted on the run's own error
-                    _note_failed_save(error, save_error)
+                    _save_points.note_failed_save(error, save_error)
             raise
 
     def save(self, state: State) -> None:
@@ -266,11 +241,11 @@ class Agent:
 
         Use it for changes outside the Agent's steps, such as the person's next message.
         """
-        self._log_save(state, SavePoint.AGENT_SAVE, self._require_store().save(state))
+        _save_points.log_save(state, SavePoint.AGENT_SAVE, self._require_store().save(state))
 
     async def asave(self, state: State) -> None:
         """Async ``save``."""
-        self._log_save(state, SavePoint.AGENT_SAVE, await self._require_store().asave(state))
+        _save_points.log_save(state, SavePoint.AGENT_SAVE, await self._require_store().asave(state))
 
     def close(self) -> None:
         """Close the model's client (the store is yours to close)."""
@@ -284,7 +259,7 @@ class Agent:
         if isinstance(op, SavePoint):
             if self.store is None:
                 return False
-            return self._log_save(state, op, self.store.save(state))
+            return _save_points.log_save(state, op, self.store.save(state))
         if op == "think":
             return self.think(state)
         if op == "use_tools":
@@ -295,24 +270,17 @@ class Agent:
         if isinstance(op, SavePoint):
             if self.store is None:
                 return False
-            return self._log_save(state, op, await self.store.asave(state))
+            return _save_points.log_save(state, op, await self.store.asave(state))
         if op == "think":
             return await self.athink(state)
         if op == "use_tools":
             return await self.ause_tools(state)
         return await self.acompact(state)
 
-    @staticmethod
-    def _log_save(state: State, point: SavePoint, wrote: bool) -> bool:
-        logger.debug(
-            "State %s: save point %s: %s", state.id, point, "saved" if wrote else "nothing new"
-        )
-        return wrote
-
     # The run, once for both drivers ----------------------------------------------------
 
     def _steps(self, state: State) -> Generator[Op, Any, Any]:
-        self._begin(state)
+        _save_points.check_before_run(state, self.store, self._fingerprint)
         if state._unchanged_since_stop() and state.stopped_by != "max_steps":
             # Stopped, and nothing added since: the same answer, without a model request.
             # (A State stopped by max_steps continues instead, with a new budget of steps.)
@@ -358,25 +326,6 @@ class Agent:
             yield SavePoint.AFTER_THINK
         yield SavePoint.RUN_ENDS  # after the last think, or after use_tools: with the stop
         return state.answer
-
-    def _begin(self, state: State) -> None:
-        saved_in = _saving.saved_in(state)
-        if saved_in is not None and self.store is None:
-            raise ValueError(
-                f"State {state.id!r} is saved in {saved_in!r}, but this Agent has no "
-                "store: give the Agent that store to run it"
-            )
-        if self.store is not None:
-            _saving.check_store(state, self.store)
-        saved_by = state._run_by(self._fingerprint)
-        if saved_by is not None and saved_by != self._fingerprint:
-            warnings.warn(
-                ResumeWarning(
-                    f"State {state.id!r} was saved by a different Agent "
-                    f"({_differences(saved_by, self._fingerprint)}); this Agent runs it now"
-                ),
-                stacklevel=4,
-            )
 
     # think -----------------------------------------------------------------------------
 
@@ -538,7 +487,7 @@ class Agent:
             # The other tools go on; the save after use_tools writes it or raises.
             logger.warning("State %s: saving a tool result failed", state.id, exc_info=True)
             return
-        self._log_save(state, SavePoint.AFTER_TOOL_RESULT, wrote)
+        _save_points.log_save(state, SavePoint.AFTER_TOOL_RESULT, wrote)
 
     async def _asave_result(self, state: State) -> None:
         if self.store is None:
@@ -548,7 +497,7 @@ class Agent:
         except Exception:
             logger.warning("State %s: saving a tool result failed", state.id, exc_info=True)
             return
-        self._log_save(state, SavePoint.AFTER_TOOL_RESULT, wrote)
+        _save_points.log_save(state, SavePoint.AFTER_TOOL_RESULT, wrote)
 
     def _handle_builtins(self, state: State) -> None:
         """``finish`` with a valid answer stops the run; otherwise ``ask`` stops it."""
@@ -682,10 +631,6 @@ def _check_state(state: object) -> None:
         raise TypeError(f"Agent.run() takes a State, not {type(state).__name__}")
 
 
-def _note_failed_save(error: BaseException, save_error: Exception) -> None:
-    error.add_note(f"saving the state also failed: {error_text(save_error)}")
-
-
 def _dump(adapter: pydantic.TypeAdapter[Any], answer: Any, path: str) -> Any:
     """``answer`` in the JSON form of its type; :class:`NotJSONError` naming ``path``."""
     try:
@@ -716,20 +661,3 @@ def _without_surrogates(value: Any, depth: int = 0) -> Any:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _differences(saved: dict[str, Any], current: dict[str, Any]) -> str:
-    found = []
-    if saved.get("model") != current["model"]:
-        found.append(f"model {saved.get('model')!r} is now {current['model']!r}")
-    if saved.get("system") != current["system"]:
-        found.append("the system prompt changed")
-    old, new = saved.get("tools", {}), current["tools"]
-    if set(old) - set(new):
-        found.append(f"tools removed: {', '.join(sorted(set(old) - set(new)))}")
-    if set(new) - set(old):
-        found.append(f"tools added: {', '.join(sorted(set(new) - set(old)))}")
-    changed = sorted(n for n in set(old) & set(new) if old[n] != new[n])
-    if changed:
-        found.append(f"tools changed: {', '.join(changed)}")
-    return "; ".join(found) or "its settings changed"

@@ -1,4 +1,4 @@
-"""Fixtures every test module may ask for: the two modes, and moto's S3 server.
+"""Fixtures every test module may ask for: the two modes, and moto's S3 server; the markers.
 
 moto (its real HTTP server, ThreadedMotoServer on 127.0.0.1) starts the first time a test asks
 for ``moto_url`` and serves the rest of the session; a run without S3 tests never starts it,
@@ -8,12 +8,23 @@ nor imports boto3 or moto.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.helpers import AWS_ENV, AWS_UNSET, MakeBucket, Mode, bucket_maker, moto_server
+from alpineagents import FileStore
+from tests.helpers import (
+    AWS_ENV,
+    AWS_UNSET,
+    CliRun,
+    MakeBucket,
+    Mode,
+    bucket_maker,
+    make_states,
+    moto_server,
+)
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -21,18 +32,35 @@ if TYPE_CHECKING:
 pytest_plugins = ["pytester"]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "slow: starts a process or talks to an S3 server; `pytest -m 'not slow'` is the fast lane",
-    )
+# The fixtures that start moto's S3 server, here and in the test modules and folders that
+# start their own (tests/plugin/conftest.py, test_examples.py, test_serverless.py,
+# test_docs.py); a test that uses one, directly or through another fixture, is a `server`
+# test. LocalStack's is an `integration` test.
+SERVER_FIXTURES = frozenset({"moto_url", "moto_endpoint", "s3_for_docs"})
+INTEGRATION_FIXTURES = frozenset({"localstack_url"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that needs an S3 server (moto's or LocalStack) is slow too: not in the fast lane."""
+    """Mark the tests that need an S3 server: not in the fast tier.
+
+    A fixture asked for at run time (``request.getfixturevalue``) is not seen here: such a
+    parameter carries the mark itself (``pytest.param("s3", marks=pytest.mark.server)``).
+    """
     for item in items:
-        if {"moto_url", "localstack_url"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.server)
+        if names & INTEGRATION_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def compact_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model entries written compact (schema version 2), as a later release will write them:
+    this one only reads them."""
+    from alpineagents import _serialize
+
+    monkeypatch.setattr(_serialize, "_WRITE_COMPACT", True)
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -40,6 +68,22 @@ def mode(request: pytest.FixtureRequest) -> Mode:
     """Run the test once with the sync API and once with the async one."""
     param: Mode = request.param
     return param
+
+
+# The command line ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliRun]:
+    """``cli("ls", folder)``: runs ``alpineagents ls folder`` in-process (``main(argv)``)."""
+    return lambda *argv: CliRun(capsys, *argv)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A FileStore folder with three finished States, updated in the order run-0, run-1, run-2."""
+    make_states(FileStore(tmp_path / "runs"), 3)
+    return tmp_path / "runs"
 
 
 # S3 ----------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import io
+import json
 import logging
 import os
 import subprocess
@@ -18,13 +20,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from alpineagents import Agent, FileStore, SavedState, State, Store
 from alpineagents.history import MODEL, TOOL_RESULT, ModelData
 from alpineagents.model import ModelRequest
 from alpineagents.store import Record
-from alpineagents.testing import FunctionModel, TestModel
+from alpineagents.testing import FunctionModel, TestModel, call
+
+if TYPE_CHECKING:
+    import pytest
 
 Mode = Literal["sync", "async"]
 
@@ -425,3 +430,64 @@ def bucket_maker(client: Any) -> MakeBucket:
         return name
 
     return make
+
+
+# A State an Agent ran, for the tests of the stored form ---------------------------------------
+
+REPLY = "Let me look that up. " * 4
+
+
+def lookup(q: str) -> str:
+    """Look something up."""
+    return f"rows for {q}"
+
+
+def agent_state(store: FileStore, steps: int = 3) -> State:
+    """A State an Agent ran for ``steps`` tool-using steps, saved in ``store``."""
+    made = 0
+
+    def respond(request: Any) -> Any:
+        nonlocal made
+        made += 1
+        if made > steps:
+            return "All done."
+        return [{"type": "text", "text": REPLY}, call("lookup", q=f"q{made}")]
+
+    agent = Agent(FunctionModel(respond), tools=[lookup], store=store)
+    state = State("look things up", id="run")
+    agent.run(state)
+    return state
+
+
+def stored_lines(store: FileStore, state_id: str) -> list[dict[str, Any]]:
+    """The JSON lines of a State's entries.jsonl."""
+    text = (store.path / state_id / "entries.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+# The command line ----------------------------------------------------------------------------
+
+
+class CliRun:
+    """``alpineagents.cli.main(argv)``'s status and what it printed (the ``cli`` fixture)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], *argv: str):
+        from alpineagents.cli import main
+
+        self.status = main(list(argv))
+        captured = capsys.readouterr()
+        self.out, self.err = captured.out, captured.err
+
+    def error_line(self) -> str:
+        lines = self.err.splitlines()
+        assert len(lines) == 1, self.err
+        assert lines[0].startswith("alpineagents: error: ")
+        assert "Traceback" not in self.err
+        return lines[0]
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True

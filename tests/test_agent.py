@@ -1,6 +1,7 @@
 """The Agent loop on offline models: stops, tools, compaction.
 
-Save points, refusals and failed saves are in test_agent_saving.py.
+Save points, refusals and failed saves are in test_save_points.py, test_refusals.py and
+test_failed_saves.py.
 """
 
 from __future__ import annotations

@@ -402,7 +402,7 @@ def test_tool_input_too_deep_for_the_response_entry_gets_an_error_result(
 ) -> None:
     """Input that fits on its own but not inside the model's response entry (3 levels down)
     is refused as input, with an error result the model reads, like any input that cannot be
-    saved: the run goes on (found by tests/test_properties.py)."""
+    saved: the run goes on (found by tests/test_bad_input_both_stores.py)."""
     deep: Any = None
     for _ in range(levels):
         deep = [deep]

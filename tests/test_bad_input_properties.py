@@ -36,12 +36,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
-import json
 import math
 import os
 import re
 import signal
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +64,16 @@ from alpineagents.errors import NotJSONError
 from alpineagents.filestore import ENTRIES, SNAPSHOT
 from alpineagents.history import MAX_DEPTH, MODEL, TOOL_RESULT
 from alpineagents.testing import FunctionModel, call
+from tests.json_values import (
+    ID_PATTERN,
+    LARGEST,
+    LONE_SURROGATES,
+    MAX_DIGITS,
+    SURROGATES,
+    history_of,
+    nested,
+    same,
+)
 
 EXAMPLES = int(os.environ.get("ALPINEAGENTS_PROPERTY_EXAMPLES") or 40)
 
@@ -74,11 +82,6 @@ PROPERTY = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-
-ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
-SURROGATES = re.compile("[\ud800-\udfff]")
-MAX_DIGITS = min(sys.int_info.default_max_str_digits, sys.get_int_max_str_digits() or 10**9)
-LARGEST: int = 10**MAX_DIGITS  # an int this big has too many digits for json.loads
 
 
 @contextlib.contextmanager
@@ -101,10 +104,6 @@ def files(root: Path) -> dict[str, bytes | str]:
         else:
             found[name] = path.read_bytes()
     return found
-
-
-def history_of(state: State) -> list[tuple[int, str, str, str]]:
-    return [(e.seq, e.kind, e.text, json.dumps(e.data, sort_keys=True)) for e in state.history]
 
 
 # Ids --------------------------------------------------------------------------------------------
@@ -184,7 +183,6 @@ class Point:
     x: int
 
 
-LONE_SURROGATES = st.sampled_from(["\ud800", "\udfff", "caf\udce9", "a\udc80b"])
 TEXT = st.one_of(
     st.text(max_size=12),
     st.text(st.characters(codec="utf-8"), max_size=6),
@@ -232,12 +230,6 @@ SCALARS = st.one_of(
 )
 
 
-def nested(levels: int, inner: Any) -> Any:
-    for _ in range(levels):
-        inner = [inner]
-    return inner
-
-
 DEEP = st.tuples(st.integers(MAX_DEPTH - 3, MAX_DEPTH + 2), SCALARS).map(lambda t: nested(*t))
 KEYS_NOT_TEXT = st.one_of(st.integers(0, 3), st.none(), st.floats(0, 1), st.tuples(st.integers()))
 VALUES = st.recursive(
@@ -269,11 +261,6 @@ def fits(value: Any, depth: int = 0) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and fits(k) and fits(v, depth + 1) for k, v in value.items())
     return all(fits(item, depth + 1) for item in value)
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal as JSON values (tuples as lists), -0.0 and 0.0 apart."""
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 _INDEX = re.compile(r"\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\d+)\]")

@@ -1,17 +1,15 @@
-"""The ``alpineagents`` command: every command and its error paths, in-process through
-``main(argv)``, and through a real subprocess of the console script for exit codes, a closed
-pipe and the start-up time."""
+"""The ``alpineagents`` command in-process, through ``main(argv)``: ls, show, rm, sweep,
+usage errors and the one-line errors of stores that fail (S3 included).
+
+Moving States (export, import, cp, mv) is in test_cli_transfer.py; the console script as a
+process (exit codes, a closed pipe, the start-up time) in test_cli_process.py; what the
+command asks of any store in test_cli_stores.py.
+"""
 
 from __future__ import annotations
 
-import io
 import json
-import resource
-import shutil
-import stat
-import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,51 +17,17 @@ from typing import Any
 import boto3
 import pytest
 
-from alpineagents import Agent, FileStore, State, Store, open_store
+from alpineagents import Agent, FileStore, State, Store
 from alpineagents.cli import (
-    EXIT_CONFLICT,
     EXIT_FAILURE,
     EXIT_NOT_FOUND,
     EXIT_OK,
-    EXIT_PIPE,
     EXIT_USAGE,
-    main,
 )
 from alpineagents.model import ModelRequest
 from alpineagents.state import HistoryEntry
 from alpineagents.testing import FunctionModel, TestModel, call
-from tests.helpers import AsyncOver, make_states
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = Path(sys.executable).with_name("alpineagents")
-
-
-class Run:
-    """``main(argv)``'s status and what it printed."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str], *argv: str):
-        self.status = main(list(argv))
-        captured = capsys.readouterr()
-        self.out, self.err = captured.out, captured.err
-
-    def error_line(self) -> str:
-        lines = self.err.splitlines()
-        assert len(lines) == 1, self.err
-        assert lines[0].startswith("alpineagents: error: ")
-        assert "Traceback" not in self.err
-        return lines[0]
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Any:
-    return lambda *argv: Run(capsys, *argv)
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    """A store with three finished States, updated in the order run-0, run-1, run-2."""
-    make_states(FileStore(tmp_path / "runs"), 3)
-    return tmp_path / "runs"
+from tests.helpers import Terminal
 
 
 def booking_model() -> FunctionModel:
@@ -303,13 +267,6 @@ def test_rm_with_yes_reports_what_it_removed(cli: Any, folder: Path) -> None:
     assert cli("delete", str(folder), "run-1", "-y").out.startswith("removed State 'run-1': ")
 
 
-class Terminal(io.StringIO):
-    """A stream that says it is a terminal."""
-
-    def isatty(self) -> bool:
-        return True
-
-
 def test_rm_asks_on_a_terminal(cli: Any, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
     run = cli("rm", str(folder), "run-0")
@@ -329,133 +286,6 @@ def test_rm_without_a_terminal_needs_yes(cli: Any, folder: Path) -> None:
     assert len(FileStore(folder).list()) == 3
 
 
-# export / import --------------------------------------------------------------------------
-
-
-def test_export_import_through_stdout_and_files(
-    cli: Any, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    out = cli("export", str(folder), "run-1").out
-    document = json.loads(out)
-    assert (document["format"], document["id"], len(document["entries"])) == (
-        "alpineagents.state",
-        "run-1",
-        5,
-    )
-    target = tmp_path / "exported.json"
-    run = cli("export", str(folder), "run-1", "-o", str(target))
-    assert run.out == "" and "exported run-1 (5 entries) to" in run.err
-    assert stat.S_IMODE(target.stat().st_mode) == 0o600
-    assert json.loads(target.read_text())["entries"] == document["entries"]
-
-    other = tmp_path / "other"
-    run = cli("import", str(other), str(target))
-    assert (run.status, run.out) == (EXIT_OK, "copied run-1 (5 entries)\n")
-    assert FileStore(other).load("run-1").answer == "answer 1"
-    assert cli("import", str(other), str(target)).out == "run-1 is already there, identical\n"
-
-    document["snapshot"]["data"] = {"changed": True}
-    changed = json.dumps(document)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(changed.encode())))
-    run = cli("import", str(other), "-")
-    assert run.status == EXIT_CONFLICT
-    assert "'run-1'" in run.error_line() and "--overwrite" in run.err
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(changed.encode())))
-    assert cli("import", str(other), "-", "--skip-existing").out.startswith("kept the different")
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(changed.encode())))
-    assert cli("import", str(other), "-", "--overwrite").out == "replaced run-1 (5 entries)\n"
-    assert FileStore(other).load("run-1").data == {"changed": True}
-    assert cli("import", str(other), "-", "--overwrite", "--skip-existing").status == EXIT_USAGE
-
-
-# cp / mv ----------------------------------------------------------------------------------
-
-
-def test_cp_and_mv_between_a_folder_and_a_bucket(cli: Any, folder: Path, bucket: str) -> None:
-    url = f"s3://{bucket}/archive"
-    run = cli("cp", str(folder), url)
-    assert run.status == EXIT_OK, run.err
-    assert sorted(run.out.splitlines()) == [f"copied run-{i} (5 entries)" for i in range(3)]
-    assert "3 State(s)" in run.err and "3 copied" in run.err and "\r" not in run.err
-    assert cli("cp", str(folder), url).out.count("already there, identical") == 3
-    listed = json.loads(cli("ls", url, "--json").out)
-    assert [(s["id"], s["entries"]) for s in listed] == [("run-2", 5), ("run-1", 5), ("run-0", 5)]
-    assert '-> finish(answer="answer 1")' in cli("show", url, "run-1").out
-
-    back = folder.parent / "back"
-    run = cli("mv", url, str(back), "run-0", "run-1")
-    assert run.status == EXIT_OK, run.err
-    assert run.out.splitlines() == [
-        "copied run-0 (5 entries), removed from the source",
-        "copied run-1 (5 entries), removed from the source",
-    ]
-    assert "2 removed from" in run.err
-    assert [s["id"] for s in json.loads(cli("ls", url, "--json").out)] == ["run-2"]
-    assert sorted(s.id for s in FileStore(back).list()) == ["run-0", "run-1"]
-    assert cli("rm", url, "run-2", "--yes").out == "removed run-2\n"
-
-
-def test_cp_conflict_skip_overwrite_and_quiet(cli: Any, folder: Path, tmp_path: Path) -> None:
-    dst = tmp_path / "dst"
-    Agent(TestModel(answer="mine"), store=FileStore(dst)).run(State("other", id="run-1"))
-    run = cli("cp", str(folder), str(dst))
-    assert run.status == EXIT_CONFLICT
-    line = run.error_line()
-    assert "different State with id 'run-1'" in line and "--skip-existing" in line
-    assert f"FileStore({str(folder)!r})" in line and f"FileStore({str(dst)!r})" in line
-    run = cli("cp", str(folder), str(dst), "--skip-existing", "-q")
-    assert (run.status, run.out, run.err) == (EXIT_OK, "", "")
-    assert FileStore(dst).load("run-1").answer == "mine"
-    run = cli("mv", str(folder), str(dst), "--overwrite")
-    assert run.status == EXIT_OK
-    assert "replaced run-1 (5 entries), removed from the source" in run.out
-    assert FileStore(folder).list() == []
-
-
-def test_cp_draws_progress_on_a_terminal(
-    cli: Any, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
-    run = cli("cp", str(folder), str(tmp_path / "dst"))
-    assert run.status == EXIT_OK
-    drawn = terminal.getvalue()
-    assert "\r[##########....................] 1/3 " in drawn
-    assert "\r[##############################] 3/3 " in drawn
-    assert "\r\x1b[K3 State(s)" in drawn  # the bar is cleared before the summary
-
-
-class AsyncOnly(AsyncOver):
-    """A store with only the async methods, over a FileStore."""
-
-    def __init__(self, path: Path):
-        super().__init__(FileStore(path))
-
-    @classmethod
-    def from_url(cls, url: str) -> AsyncOnly:
-        """``async:///path/to/folder``."""
-        return cls(Path(url.removeprefix("async://")))
-
-
-def test_an_async_only_store_works_too(
-    cli: Any, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Registered for the ``async`` scheme through an entry point, as a plugin would be."""
-    plugin = tmp_path / "plugin"
-    info = plugin / "asynconly-0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: asynconly\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(f"[alpineagents.stores]\nasync = {__name__}:AsyncOnly\n")
-    monkeypatch.syspath_prepend(str(plugin))
-    url = f"async://{tmp_path / 'dst'}"
-    assert cli("cp", str(folder), url).status == EXIT_OK
-    listed = json.loads(cli("ls", url, "--json").out)
-    assert [(s["id"], s["entries"]) for s in listed] == [("run-2", 5), ("run-1", 5), ("run-0", 5)]
-    assert "answer 2" in cli("show", url, "run-2").out
-    assert cli("rm", url, "run-2", "--yes").out == "removed run-2\n"
-    assert isinstance(open_store(url), AsyncOnly)
-
-
 # S3 failures ------------------------------------------------------------------------------
 
 
@@ -473,129 +303,6 @@ def test_s3_failures_are_one_line(
     assert "no AWS credentials were found" in run.error_line()
     run = cli("ls", "s3://")
     assert run.status == EXIT_USAGE and "s3://bucket/prefix" in run.error_line()
-
-
-def script(*argv: str, **popen: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=60, **popen)
-
-
-@pytest.mark.slow
-def test_a_missing_boto3_names_what_to_install(tmp_path: Path) -> None:
-    code = (
-        "import sys; sys.modules['boto3'] = None; sys.modules['aioboto3'] = None\n"
-        "from alpineagents.cli import main; sys.exit(main(['ls', 's3://bucket/runs']))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
-    assert done.returncode == EXIT_FAILURE
-    assert "Traceback" not in done.stderr
-    assert done.stderr.startswith("alpineagents: error: ") and "pip install" in done.stderr
-
-
-# The console script -----------------------------------------------------------------------
-
-needs_script = pytest.mark.skipif(not SCRIPT.exists(), reason="no console script installed")
-
-
-@pytest.mark.slow
-@needs_script
-def test_the_console_script_exit_codes(folder: Path, tmp_path: Path) -> None:
-    done = script("ls", str(folder))
-    assert done.returncode == EXIT_OK and done.stdout.startswith("ID ")
-    done = script("ls", str(tmp_path / "typo"))
-    assert (done.returncode, done.stdout) == (EXIT_NOT_FOUND, "")
-    assert done.stderr.count("\n") == 1 and "no store folder" in done.stderr
-    done = script("show", str(folder), "nope")
-    assert done.returncode == EXIT_NOT_FOUND and "Traceback" not in done.stderr
-    done = script("rm", str(folder), "run-0", stdin=subprocess.DEVNULL)
-    assert done.returncode == EXIT_USAGE and "pass --yes" in done.stderr
-    assert script("bogus").returncode == EXIT_USAGE
-
-
-@pytest.mark.slow
-@needs_script
-@pytest.mark.parametrize("argv", [["ls", "--json"], ["export"]])
-def test_a_closed_pipe_is_quiet(tmp_path: Path, argv: list[str]) -> None:
-    store = FileStore(tmp_path / "big")
-    for i in range(3):  # 1.5 MB each, past a pipe's buffer even where it is 1 MB
-        Agent(TestModel(answer="x"), store=store).run(State("long " * 300_000, id=f"big-{i}"))
-    command = [str(SCRIPT), argv[0], str(store.path), *argv[1:]]
-    if argv[0] == "export":
-        command.append("big-0")
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert child.stdout is not None and child.stderr is not None
-    assert child.stdout.read(10)
-    child.stdout.close()  # as `| head -c 10` does
-    assert child.wait(timeout=60) == EXIT_PIPE
-    with child.stderr:
-        assert child.stderr.read() == b""
-
-
-@pytest.mark.slow
-@needs_script
-def test_the_shell_pipe_into_head_is_quiet(folder: Path) -> None:
-    if shutil.which("head") is None:
-        pytest.skip("no head")
-    done = subprocess.run(
-        f"'{SCRIPT}' ls '{folder}' | head -1",
-        shell=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.stdout.startswith("ID ") and done.stdout.count("\n") == 1
-    assert done.stderr == ""
-
-
-HEAVY = ("boto3", "botocore", "aioboto3", "alpineagents_s3", "moto", "alpineagents.transfer")
-
-
-@pytest.mark.slow
-def test_help_imports_nothing_heavy_beyond_the_package() -> None:
-    code = (
-        "import sys, alpineagents; before = set(sys.modules)\n"
-        "from alpineagents.cli import main\n"
-        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        f"print(sorted(m for m in set(sys.modules) - before if m.startswith({HEAVY!r})))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]"
-
-
-@pytest.mark.slow
-def test_help_adds_little_to_importing_the_package() -> None:
-    """What the CLI itself costs at start-up: --help minus `import alpineagents`, in CPU time
-    (the machine may be busy)."""
-
-    def best(code: str) -> float:
-        times = []
-        for _ in range(2):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run(
-                [sys.executable, "-c", code], capture_output=True, timeout=60, check=True
-            )
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        return min(times)
-
-    package = best("import alpineagents")
-    helped = best("from alpineagents.cli import main; main(['--help'])")
-    assert helped - package < 0.15, (helped, package)
-
-
-@pytest.mark.slow
-@needs_script
-def test_help_starts_in_well_under_a_second() -> None:
-    # The CPU time the command uses, not the wall time: the machine may be busy with other work.
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run([str(SCRIPT), "--help"], capture_output=True, timeout=60, check=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    assert cpu < 0.6, f"alpineagents --help used {cpu:.2f} s of CPU ({wall:.2f} s wall)"
 
 
 # sweep ------------------------------------------------------------------------------------

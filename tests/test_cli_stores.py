@@ -15,10 +15,9 @@ Stores registered through the ``alpineagents.stores`` entry points as a plugin r
 from __future__ import annotations
 
 import builtins
-import io
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,24 +26,12 @@ import pytest
 
 from alpineagents import FileStore, SavedState, State, Store
 from alpineagents._cli import commands
-from alpineagents.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, main
+from alpineagents.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from alpineagents.store import Record
-from tests.helpers import MemoryStore, make_states
+from tests.helpers import MemoryStore, Terminal, make_states
 
 SECRET = "s3cr3t/Key+vAlue"
 KEY = "AKIAEXAMPLE"
-
-
-class Run:
-    def __init__(self, capsys: pytest.CaptureFixture[str], *argv: str):
-        self.status = main(list(argv))
-        captured = capsys.readouterr()
-        self.out, self.err = captured.out, captured.err
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Run]:
-    return lambda *argv: Run(capsys, *argv)
 
 
 # Stores of plugins ------------------------------------------------------------------------------
@@ -312,10 +299,6 @@ def test_rm_purge_of_a_store_that_cannot_purge_is_a_usage_error(cli: Any) -> Non
 def test_rm_purge_asks_first_on_a_terminal(
     cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
     folder = tmp_path / "runs"
     make_states(FileStore(folder), 2)
     (folder / ".run-0.0123456789ab.deleted").mkdir()  # a killed delete's leftover

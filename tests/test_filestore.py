@@ -1,15 +1,17 @@
-"""FileStore on its own: the layout on disk, permissions, torn appends, racing creators, and
-processes killed while writing."""
+"""FileStore on its own: the layout on disk, permissions, torn appends, racing creators,
+processes killed while writing, and the snapshot replaced by one rename (only when changed).
+
+Its list is in test_filestore_list.py, its doctor in test_filestore_doctor.py, its load in
+test_filestore_load.py; more than one writer in test_filestore_writers.py and
+test_filestore_copies.py, the leftovers of killed writers in test_filestore_leftovers.py,
+damaged and foreign files in test_filestore_foreign.py.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import os
 import random
-import re
-import shutil
 import signal
 import stat
 import subprocess
@@ -19,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from alpineagents import CorruptStateError, FileStore, State, StateExistsError, StoreError
-from alpineagents import filestore as filestore_module
+from alpineagents import CorruptStateError, FileStore, State, StateExistsError
+from tests.helpers import agent_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,14 +93,6 @@ def test_a_refused_create_leaves_nothing_behind(tmp_path: Path) -> None:
         store.save(State("second", id="x"))
     assert os.listdir(tmp_path) == ["x"]
     assert store.load("x").task == "first"
-
-
-def test_list_skips_states_being_created_or_deleted(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    store.save(State("t", id="real"))
-    (tmp_path / ".half.abc.new").mkdir()
-    (tmp_path / "stray-file").write_text("not a state")
-    assert [s.id for s in store.list()] == ["real"]
 
 
 def test_fsync_mode_writes_the_same(tmp_path: Path) -> None:
@@ -207,30 +201,6 @@ def test_killed_writer_never_leaves_a_half_read_entry(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ({"v": 1}, "not an alpineagents snapshot"),
-        ({"v": 9, "task": "t", "updated_at": "2026-01-01T00:00:00+00:00"}, "schema version 9"),
-        ({"v": 1, "task": "t", "updated_at": "2026-01-01T00:00:00"}, "not an alpineagents"),
-    ],
-)
-def test_list_leaves_out_a_snapshot_it_cannot_read_and_names_it(
-    tmp_path: Path, content: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    store = FileStore(tmp_path)
-    store.save(State("t", id="bad"))
-    store.save(State("t", id="good"))
-    (tmp_path / "bad" / "snapshot.json").write_text(json.dumps(content))
-    with caplog.at_level(logging.WARNING, logger="alpineagents.filestore"):
-        assert [s.id for s in store.list()] == ["good"]
-    (record,) = caplog.records
-    assert "'bad'" in record.getMessage() and "snapshot.json" in record.getMessage()
-    assert re.search(message, record.getMessage())
-    with pytest.raises(StoreError, match=message):  # its load says why
-        store.load("bad")
-
-
-@pytest.mark.parametrize(
     ("field", "value", "says"),
     [
         ("task", 5, "task must be a str"),
@@ -248,128 +218,45 @@ def test_a_snapshot_field_of_the_wrong_type_is_corrupt_at_load(
         store.load("damaged")
 
 
-def test_list_leaves_out_a_folder_whose_name_is_not_an_id(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    store.save(State("t", id="good"))
-    shutil.copytree(tmp_path / "good", tmp_path / "not an id!")
-    assert [s.id for s in store.list()] == ["good"]
+# The snapshot ------------------------------------------------------------------------------
 
 
-# list(limit=...) ----------------------------------------------------------------------------
-
-
-def _many(store: FileStore, tmp_path: Path) -> None:
-    """States whose snapshots end in every way the limit must cope with."""
-    base = "2026-03-01T10:00:00+00:00"
-    for n in range(12):
-        state = State(f"task {n}", id=f"s{n:02}", data={"pad": "x" * (n * 50)})
-        store.save(state)
-        path = tmp_path / state.id / "snapshot.json"
-        value = json.loads(path.read_bytes())
-        value["updated_at"] = f"2026-03-01T10:{(n * 7) % 12:02}:00+00:00"
-        if n in (3, 4):
-            value["updated_at"] = base  # a tie
-        if n == 5:  # written by other means: its end does not say when (key order, spacing)
-            path.write_text(json.dumps(dict(reversed(value.items())), indent=2))
-        elif n == 6:
-            path.write_text(json.dumps(value).replace("+00:00", "+02:00"))  # another zone
-        else:
-            path.write_text(json.dumps(value, separators=(",", ":")))
-    (tmp_path / "s07" / "snapshot.json").write_text("{damaged")
-    (tmp_path / "s08" / "snapshot.json").write_text(
-        (tmp_path / "s08" / "snapshot.json").read_text().replace('"v":1', '"v":9')
-    )
-    (tmp_path / "notes").write_text("a file of my own")
-
-
-@pytest.mark.parametrize("limit", [0, 1, 2, 3, 5, 8, 9, 10, 12, 40])
-def test_list_with_a_limit_is_the_start_of_the_whole_list(tmp_path: Path, limit: int) -> None:
-    store = FileStore(tmp_path)
-    _many(store, tmp_path)
-    everything = store.list()
-    assert len(everything) == 10  # the damaged and the newer one are left out
-    assert store.list(limit=limit) == everything[:limit]
-    assert asyncio.run(store.alist(limit=limit)) == everything[:limit]
-
-
-def test_list_with_a_limit_reads_only_the_newest_snapshots_whole(
+@pytest.mark.usefixtures("compact_entries")
+def test_a_save_replaces_the_snapshot_by_one_rename_onto_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
-    for n in range(40):
-        store.save(State(f"task {n}", id=f"s{n}", data={"pad": "x" * 10_000}))
-    read: list[str] = []
-    real = filestore_module.loads  # type: ignore[attr-defined]
+    agent_state(store, steps=1)
+    renames: list[tuple[str, bool]] = []
+    real = os.replace
 
-    def counting(raw: bytes | str, where: str) -> Any:
-        read.append(where)
-        return real(raw, where)
+    def replace(src: Any, dst: Any) -> None:
+        renames.append((Path(dst).name, os.path.exists(dst)))
+        real(src, dst)
 
-    monkeypatch.setattr(filestore_module, "loads", counting)
-    newest = store.list(limit=3)
-    assert [s.id for s in newest] == ["s39", "s38", "s37"]
-    assert len(read) == 3
-    read.clear()
-    store.list()
-    assert len(read) == 40
-
-
-@pytest.mark.parametrize("limit", [-1, 1.5, "3", True])
-def test_a_bad_limit_is_a_value_error(tmp_path: Path, limit: Any) -> None:
-    with pytest.raises(ValueError, match="limit must be an int"):
-        FileStore(tmp_path).list(limit=limit)
+    monkeypatch.setattr(os, "replace", replace)
+    state = store.load("run")
+    state.add_user_message("next")
+    store.save(state)
+    # Onto the old file: ext4 then writes the new data first, so a power cut leaves a whole
+    # snapshot, the old or the new one (renaming onto no file would skip that).
+    assert renames == [("snapshot.json", True)]
+    assert sorted(os.listdir(tmp_path / "run")) == ["entries.jsonl", "snapshot.json"]
+    assert FileStore(tmp_path).load("run").history[-1].text == "next"
 
 
-# doctor -------------------------------------------------------------------------------------
-
-
-def test_doctor_passes_on_a_local_folder_and_leaves_nothing(tmp_path: Path) -> None:
-    store = FileStore(tmp_path / "runs")
-    checks = store.doctor()
-    assert [(c.name, c.ok) for c in checks] == [
-        ("folder", True),
-        ("writable", True),
-        ("modes", True),
-        ("locks", True),
-    ]
-    assert "does not exist yet" in checks[0].detail
-    assert os.listdir(tmp_path) == []  # the store's folder is not made, the probe is gone
-    store.save(State("t", id="s"))
-    assert all(c.ok for c in store.doctor())
-    assert sorted(os.listdir(tmp_path / "runs")) == ["s"]
-    assert str(checks[2]) == "ok  modes: a folder made 0700 is 0700, a file made 0600 is 0600"
-
-
-def test_doctor_fails_a_store_path_that_is_a_file(tmp_path: Path) -> None:
-    (tmp_path / "runs").write_text("x")
-    checks = FileStore(tmp_path / "runs").doctor()
-    assert [(c.name, c.ok) for c in checks] == [
-        ("folder", False),
-        ("writable", False),
-        ("modes", False),
-        ("locks", False),
-    ]
-    assert "is not a folder" in checks[0].detail
-
-
-def test_doctor_fails_modes_that_are_not_kept_and_locks_that_do_not_work(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # As on a file system that ignores chmod and refuses flock (a mounted share, say).
-    import fcntl
-
-    def no_lock(fd: int, how: int) -> None:
-        raise OSError(37, "No locks available")
-
-    old = os.umask(0o022)
-    try:
-        real_mkdir = os.mkdir
-        monkeypatch.setattr(os, "mkdir", lambda path, mode=0o777: real_mkdir(path))
-        monkeypatch.setattr(os, "chmod", lambda *a, **k: None)
-        monkeypatch.setattr(fcntl, "flock", no_lock)
-        checks = {c.name: c for c in FileStore(tmp_path).doctor()}
-    finally:
-        os.umask(old)
-    assert checks["writable"].ok
-    assert not checks["modes"].ok and "0755" in checks["modes"].detail
-    assert not checks["locks"].ok and "refuses flock" in checks["locks"].detail
+@pytest.mark.usefixtures("compact_entries")
+def test_an_unchanged_snapshot_is_not_rewritten(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    state = State("t", id="s")
+    store.save(state)
+    path = tmp_path / "s" / "snapshot.json"
+    snapshot = json.loads(path.read_bytes())
+    before = os.stat(path)
+    store.write("s", [], snapshot)  # byte for byte what is on disk
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    # The store object's view is still right: a changed snapshot replaces it.
+    store.write("s", [], {**snapshot, "data": {"k": 1}})
+    assert os.stat(path).st_ino != before.st_ino
+    assert store.load("s").data == {"k": 1}

@@ -12,11 +12,14 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from alpineagents import Agent, ConcurrentWriteError, FileStore, State, _saving
 from alpineagents import filestore as filestore_module
+from alpineagents._filestore import writing as filestore_writing
+from alpineagents._serialize import entry_to_dict
 from tests.helpers import Mode, run, script
 
 
@@ -118,7 +121,7 @@ def test_a_copy_whose_failed_write_landed_saves_again_through_another_object(
         raise OSError(5, "Input/output error (injected)")
 
     with monkeypatch.context() as patch:
-        patch.setattr(filestore_module, "_fsync_dir", failing_fsync)
+        patch.setattr(filestore_writing, "_fsync_dir", failing_fsync)
         with pytest.raises(OSError, match="injected"):
             save(writer, state, mode)
     assert FileStore(runs).load("s").data == {"n": 1}  # it did land
@@ -138,3 +141,40 @@ def test_a_snapshot_in_other_bytes_than_this_version_writes_is_compared_as_json(
     assert save(FileStore(runs), state, mode) is True
     assert FileStore(runs).load("s").data == {"n": 5}
     assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def _snapshot(n: int) -> dict[str, Any]:
+    """A snapshot body the FileStore keeps as it is (it never reads its fields)."""
+    return {"v": 1, "n": n}
+
+
+def test_unchanged_snapshot_save_forgets_unfinished_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save that leaves the snapshot as it is ends this object's doubt about earlier writes.
+
+    A's write of snapshot X fails before its rename (X is "tried"). A's next save sends the
+    snapshot on disk, S0, and completes: A's view is S0, so X found on disk later is another
+    writer's. Before, that save rewrote S0 and forgot X; now it skips the write and keeps X
+    in ``tried``, so after B writes X, A replaces B's snapshot instead of being refused.
+    """
+    a = FileStore(tmp_path / "store")
+    state = State("the task", id="s1")
+    entry = entry_to_dict(state.history[0])
+    a.write("s1", [entry], _snapshot(0), create=True)
+
+    def failing_replace(src: Any, dst: Any) -> None:
+        raise OSError(5, "Input/output error (injected)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "replace", failing_replace)
+        with pytest.raises(OSError, match="injected"):
+            a.write("s1", [], _snapshot(1))  # X: never on disk
+    a.write("s1", [], _snapshot(0))  # S0 again: A saw the write through, its view is S0
+
+    b = FileStore(tmp_path / "store")
+    b.write("s1", [], _snapshot(1))  # another writer saves X
+
+    with pytest.raises(ConcurrentWriteError, match="was replaced"):
+        a.write("s1", [], _snapshot(2))
+    assert json.loads((tmp_path / "store" / "s1" / "snapshot.json").read_bytes()) == _snapshot(1)

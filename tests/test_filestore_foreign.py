@@ -333,6 +333,7 @@ def test_a_store_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
 # Permissions ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes")
 @pytest.mark.parametrize("target", ["snapshot", "entries", "state folder", "store folder"])
 def test_a_file_this_user_may_not_open_is_a_permission_error_naming_it(target: str) -> None:

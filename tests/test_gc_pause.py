@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from alpineagents import CorruptStateError, FileStore, _gc, _serialize
-from alpineagents import filestore as filestore_module
+from alpineagents._filestore import reading as filestore_reading
 from tests.helpers import big_state, paused_in_a_thread
 
 
@@ -48,14 +48,14 @@ def test_a_filestore_load_parses_and_rebuilds_without_a_collection(
     # The control: a load's own work, not paused, is collected in at these thresholds.
     with monkeypatch.context() as m:
         m.setattr(_gc, "paused", _not_paused)
-        m.setattr(filestore_module, "paused", _not_paused)
+        m.setattr(filestore_reading, "paused", _not_paused)
         m.setattr(_serialize, "paused", _not_paused)
-        control = counted(m, filestore_module, "_parse_file", collections)
+        control = counted(m, filestore_reading, "_parse_file", collections)
         rebuilt = counted(m, _serialize, "entry_from_dict", collections)
         FileStore(tmp_path).load(state.id)
     assert control[0] > 10 and sum(rebuilt) > 10
 
-    parsed = counted(monkeypatch, filestore_module, "_parse_file", collections)
+    parsed = counted(monkeypatch, filestore_reading, "_parse_file", collections)
     rebuilt = counted(monkeypatch, _serialize, "entry_from_dict", collections)
     loaded = FileStore(tmp_path).load(state.id)
     assert len(loaded.history) == 2001

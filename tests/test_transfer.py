@@ -42,8 +42,8 @@ from alpineagents.transfer import (
     import_state,
     move_states,
 )
+from tests.corrupt_cases import CASES, ID, Case, case_id, damage, saved_state
 from tests.helpers import make_states
-from tests.test_corrupt_load import CASES, ID, Case, case_id, damage, saved_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 StoreFactory = Callable[[str], Store]
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.server)])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     """Makes stores of one kind: ``make_store("a")`` is a folder or a prefix named ``a``."""
     opened: list[Store] = []
@@ -287,7 +287,7 @@ def test_import_refuses_what_is_not_an_export(
 
 
 def damaged_export(case: Case, folder: Path) -> dict[str, Any]:
-    """The export of ``tests.test_corrupt_load.saved_state()`` with one field damaged."""
+    """The export of ``tests.corrupt_cases.saved_state()`` with one field damaged."""
     source = FileStore(folder)
     source.save(saved_state())
     document = export_state(source, ID)

@@ -1,4 +1,5 @@
-"""A child process that writes one State of a FileStore, for tests/test_filestore_writers.py.
+"""A child process that writes one State of a FileStore, for tests/test_filestore_writers.py and
+tests/test_filestore_leftovers.py.
 
 Three ways to run it (``python fs_writer.py WAY ...``):
 
@@ -28,7 +29,8 @@ import sys
 import time
 from typing import Any
 
-from alpineagents import FileStore, State, _saving, filestore
+from alpineagents import FileStore, State, _saving
+from alpineagents._filestore import leftovers
 from alpineagents.errors import ConcurrentWriteError
 
 
@@ -124,7 +126,7 @@ def pause(root: str, state_id: str, where: str) -> None:
         os.rename = _stop_here
         store.save(State("never renamed into place", id=state_id))
     elif where == "delete":
-        filestore._remove_tree = _stop_here  # type: ignore[assignment]
+        leftovers._remove_tree = _stop_here  # type: ignore[attr-defined,assignment]
         store.delete(state_id)
     elif where == "purge":
         real_unlink = os.unlink

@@ -1,7 +1,9 @@
-"""Property-based tests (hypothesis): ids, data, tool input and results, and damaged objects.
+"""Bad input on both stores, property by property (hypothesis): ids, data, tool input and
+results, and damaged objects.
 
 Each property holds for FileStore (a temporary folder) and for S3Store on moto's in-process
-``mock_aws`` (no server, so these stay in the fast lane):
+``mock_aws`` (no server, so these stay in the fast tier); test_bad_input_properties.py checks
+more on FileStore alone:
 
 * a valid id round-trips; an invalid one is refused with a ``ValueError`` that names it;
 * a value in ``state.data`` is either saved and loaded back equal, or refused up front by
@@ -22,10 +24,7 @@ levels, ints Python reads back), and compared with what the library does.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import re
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,11 +38,17 @@ from alpineagents import Agent, FileStore, ModelRequest, State, Store
 from alpineagents.errors import NotJSONError, StoreError
 from alpineagents.history import MAX_DEPTH, MODEL, TOOL_RESULT
 from alpineagents.testing import FunctionModel, call
+from tests.json_values import (
+    ID_PATTERN,
+    LARGEST,
+    LONE_SURROGATES,
+    MAX_DIGITS,
+    SURROGATES,
+    history_of,
+    nested,
+    same,
+)
 
-ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
-SURROGATES = re.compile("[\ud800-\udfff]")
-MAX_DIGITS = min(sys.int_info.default_max_str_digits, sys.get_int_max_str_digits() or 10**9)
-LARGEST: int = 10**MAX_DIGITS  # an int this big has too many digits for json.loads
 BUCKET = "properties"
 
 FAST = settings(
@@ -100,7 +105,6 @@ def stores(request: pytest.FixtureRequest) -> Callable[[], contextlib.AbstractCo
 
 # JSON-ish values ------------------------------------------------------------------------------
 
-LONE_SURROGATES = st.sampled_from(["\ud800", "\udfff", "caf\udce9", "a\udc80b"])
 TEXT = st.one_of(
     st.text(max_size=12),
     st.text(st.characters(codec="utf-8"), max_size=6),  # any code point UTF-8 has
@@ -117,13 +121,6 @@ SCALARS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     TEXT,
 )
-
-
-def nested(levels: int, inner: Any) -> Any:
-    """``inner`` inside ``levels`` lists."""
-    for _ in range(levels):
-        inner = [inner]
-    return inner
 
 
 DEEP = st.tuples(st.integers(MAX_DEPTH - 3, MAX_DEPTH + 2), SCALARS).map(lambda t: nested(*t))
@@ -155,15 +152,6 @@ def fits(value: Any, depth: int = 0) -> bool:
         return all(isinstance(k, str) and fits(k) and fits(v, depth + 1) for k, v in value.items())
     assert isinstance(value, list)
     return all(fits(item, depth + 1) for item in value)
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal as JSON values, -0.0 and 0.0 apart (JSON keeps the sign)."""
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def history_of(state: State) -> list[tuple[int, str, str, str]]:
-    return [(e.seq, e.kind, e.text, json.dumps(e.data, sort_keys=True)) for e in state.history]
 
 
 # Ids ------------------------------------------------------------------------------------------

@@ -1,0 +1,43 @@
+"""What the property tests share: the rules of a State id and of JSON text, as the user guide
+states them, and how the tests compare States and values.
+
+Each property module draws its own values (its strategies differ on purpose: the FileStore
+module draws more kinds of Python value than the one that also runs on S3Store); the rules
+they are judged by are these.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+from hypothesis import strategies as st
+
+from alpineagents import State
+
+# A State id: letters, digits, ``_`` and ``-``, 1 to 128 characters.
+ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# Text a State may keep has no lone surrogate (UTF-8 cannot encode one).
+SURROGATES = re.compile("[\ud800-\udfff]")
+LONE_SURROGATES = st.sampled_from(["\ud800", "\udfff", "caf\udce9", "a\udc80b"])
+MAX_DIGITS = min(sys.int_info.default_max_str_digits, sys.get_int_max_str_digits() or 10**9)
+LARGEST: int = 10**MAX_DIGITS  # an int this big has too many digits for json.loads
+
+
+def nested(levels: int, inner: Any) -> Any:
+    """``inner`` inside ``levels`` lists."""
+    for _ in range(levels):
+        inner = [inner]
+    return inner
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as JSON values (tuples as lists), -0.0 and 0.0 apart (JSON keeps the sign)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def history_of(state: State) -> list[tuple[int, str, str, str]]:
+    """A State's history as comparable tuples: seq, kind, text, data as JSON."""
+    return [(e.seq, e.kind, e.text, json.dumps(e.data, sort_keys=True)) for e in state.history]
