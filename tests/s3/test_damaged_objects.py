@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-import tests.test_corrupt_load as table
+import tests.corrupt_cases as table
 from alpineagents import State
 from alpineagents.errors import CorruptStateError, SchemaVersionError
 from alpineagents.testing import StoreIO
 from alpineagents_s3 import IncompleteListError
 from tests.helpers import Mode
 from tests.s3.helpers import Stores
-from tests.test_corrupt_load import CASES, ID, Case, case_id, damage
+from tests.corrupt_cases import CASES, ID, Case, case_id, damage
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
