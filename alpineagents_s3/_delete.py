@@ -149,33 +149,43 @@ def remove(layout: Layout, keys: Sequence[tuple[str, str | None]]) -> Steps[None
 def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int]:
     """Remove the versions and delete markers the State left; how many.
 
-    In the folders of dead incarnations, every version of every key the store names; in other
-    folders under the State's (a State made again, a create under way, or one deleted before
-    without purge), every version but a current object; of the head, every version but the
-    current one of a State made again since.
+    One rule: a version goes only if its own metadata carries the store's mark (a HEAD by
+    version id), and a delete marker only once no version of its key is left. Under the State's
+    folder and at its head, except the current objects of an incarnation still alive (a State
+    made again, a create under way) and the keys a stranger holds.
     """
     layout = ctx.layout
     (status,) = yield from send(
         [Call("get_bucket_versioning", {"Bucket": layout.bucket})], layout.root
     )
-    if isinstance(status, dict) and status.get("Status") not in ("Enabled", "Suspended"):
+    if isinstance(status, Exception):
+        fail(layout, status, "GetBucketVersioning", layout.root)
+    if status.get("Status") not in ("Enabled", "Suspended"):
         return 0  # never versioned: the plain delete left nothing
-    found = []
-    for key, version, marker, latest in (
-        yield from _versions(layout, layout.state_folder(state_id))
-    ):
-        folder = layout.folder_of(key)
-        if folder is None or key in kept or not (layout.part_name(key) or key.endswith(TOMBSTONE)):
-            continue  # not a name the store gives, or a stranger's
-        if folder[1] in dead or marker or not latest:
-            found.append((key, version, marker))
     head_key = layout.head_key(state_id)
-    heads = [v for v in (yield from _versions(layout, head_key)) if v[0] == head_key]
-    live = next((v for v in heads if v[3] and not v[2]), None)  # a head created since: kept
-    found += [(k, v, m) for k, v, m, _ in heads if (k, v, m, _) != live]
+    listed = yield from _versions(layout, layout.state_folder(state_id))
+    listed += [v for v in (yield from _versions(layout, head_key)) if v[0] == head_key]
+    candidates = []
+    for key, version, marker, latest in listed:
+        folder = layout.folder_of(key)
+        alive = key == head_key or (folder is not None and folder[1] not in dead)
+        if key in kept or marker or (latest and alive):
+            continue  # a stranger's, a marker (below), or the live State's current object
+        candidates.append((key, version))
+    outcomes = yield from send([layout.head_object(k, v) for k, v in candidates], layout.root)
+    data = []
+    for (key, version), outcome in zip(candidates, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            if error_code(outcome) in NOT_FOUND_CODES:
+                continue  # gone meanwhile
+            fail(layout, outcome, "HeadObject", key)
+        if _is_marked(outcome):
+            data.append((key, version))
+    removed = set(data)
+    left = {k for k, v, marker, _ in listed if not marker and (k, v) not in removed}
+    ours = {k for k, *_ in listed if k == head_key or layout.part_name(k) or k.endswith(TOMBSTONE)}
+    markers = [(k, v) for k, v, marker, _ in listed if marker and k in ours and k not in left]
     # Data versions first: a delete marker removed before them would bring an object back.
-    data = [(key, version) for key, version, marker in found if not marker]
-    markers = [(key, version) for key, version, marker in found if marker]
     yield from remove(layout, data)
     yield from remove(layout, markers)
     return len(data) + len(markers)

@@ -83,6 +83,15 @@ class Bucket:
         self._write(key, body, {})
         self.strangers.add(key)
 
+    def delete_stranger(self, key: str) -> None:
+        """The other application deletes its object: on a versioned bucket, a delete marker
+        over its data, both of which are still its own."""
+        if self.versioned:
+            self.tick += 1
+            self.objects[key].append(Version(None, "", {}, self.tick, f"v{self.tick}"))
+        else:
+            del self.objects[key]
+
     # The client's methods ---------------------------------------------------------------
 
     def put_object(
@@ -173,7 +182,7 @@ class Bucket:
         for key, found in self.objects.items():
             if key.startswith(Prefix):
                 for v in found:
-                    item = {"Key": key, "VersionId": v.version_id}
+                    item = {"Key": key, "VersionId": v.version_id, "IsLatest": v is found[-1]}
                     (versions if v.body is not None else markers).append(item)
         return {"Versions": versions, "DeleteMarkers": markers, "IsTruncated": False}
 

@@ -148,6 +148,20 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
         {},
     ),
     (
+        "purge without the store's mark (invariant 9)",
+        _delete,
+        "        if _is_marked(outcome):\n            data.append((key, version))",
+        "        data.append((key, version))",
+        {"versioned": True},
+    ),
+    (
+        "purge of the current objects of a State made again (invariant 9)",
+        _delete,
+        "if key in kept or marker or (latest and alive):",
+        "if key in kept or marker:",
+        {"versioned": True},
+    ),
+    (
         "the engine not checked (invariant 11)",
         _save,
         "probe = None if checked else Probe(layout)",

@@ -428,6 +428,10 @@ class World:
             # parts: delete and sweep must leave it (invariant 9).
             key = f"{ROOT}states/{ID}/{content.inc}/e9999999999.{content.inc}.json"
             self.bucket.put_stranger(key, b"{}")
+            self.bucket.put_stranger(key, b"{ }")  # and an older version of it
+            gone = f"{ROOT}states/{ID}/{content.inc}/e9999999998.{content.inc}.json"
+            self.bucket.put_stranger(gone, b"{}")
+            self.bucket.delete_stranger(gone)  # its data under its own delete marker
         if content is not None and before is not None and content.inc == before.inc:
             if content.entries[: len(before.entries)] != before.entries:
                 raise InvariantError(
