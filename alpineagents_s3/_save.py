@@ -200,8 +200,9 @@ def _save(
             memory.settled(ctx.scope, state_id)
             return "saved"
         elif stored is not None and stored.write in seen.unsure:  # an earlier save landed late
+            # Its wid stays unsure until a save returns: the core was not told it landed, and
+            # may send the same save again, even as a create.
             memory.read(ctx.scope, state_id, stored, got[1], sent)  # type: ignore[index]
-            memory.settled(ctx.scope, state_id)
             if stored.after == (base.write if base is not None else None):
                 yield from _discard(ctx, list(writes))  # this attempt lost to it, for good
             return "landed"
@@ -218,7 +219,7 @@ def _save(
             lost = stored.after == (base.write if base is not None else None)
             if lost:
                 yield from _discard(ctx, list(writes))
-            if base is None:
+            if base is None and stored.inc not in seen.unsure:  # not a create of its own
                 raise StateExistsError(
                     f"a State with id {state_id!r} already exists in {layout.url(key)}: "
                     f"continue it with store.load({state_id!r}), or pick another id"

@@ -626,9 +626,16 @@ def explore(
 # Scenarios: schedules written out, for interleavings too rare for the random search -------------
 
 
-def _drive(bucket: Bucket, steps: Steps[Any], hold: Callable[[Call], bool] | None = None) -> Any:
+def _drive(
+    bucket: Bucket,
+    steps: Steps[Any],
+    hold: Callable[[Call], bool] | None = None,
+    fault: Callable[[Call], str | None] | None = None,
+) -> Any:
     """Run ``steps`` on ``bucket``, every call answered at once; ``hold(call)`` true: the call is
-    applied and the generator is returned with its answer not delivered (``(steps, call)``)."""
+    applied and the generator is returned with its answer not delivered (``(steps, call)``);
+    ``fault(call)`` ``"lost"``: applied, answered with a timeout; ``"fail"``: not applied,
+    answered 503."""
     try:
         step = next(steps)
         while True:
@@ -637,6 +644,14 @@ def _drive(bucket: Bucket, steps: Steps[Any], hold: Callable[[Call], bool] | Non
                 if hold is not None and hold(call):
                     getattr(bucket, call.method)(**call.params)
                     return steps, call
+                what = fault(call) if fault is not None else None
+                if what == "fail":
+                    outcomes.append(client_error("ServiceUnavailable", 503, _operation(call)))
+                    continue
+                if what == "lost":
+                    getattr(bucket, call.method)(**call.params)
+                    outcomes.append(ReadTimeoutError(endpoint_url="http://model"))
+                    continue
                 try:
                     outcomes.append(getattr(bucket, call.method)(**call.params))
                 except ClientError as e:
@@ -733,9 +748,41 @@ def scenario_b_stale_copy_of_a_state_made_again_smaller() -> None:
         raise InvariantError("invariant 6: a refused save changed the State")
 
 
+def scenario_c_a_lost_create_then_a_failed_update() -> None:
+    """A create lands and its answer is lost; the core, told it failed, creates again: the store
+    finds its own head and saves on it, but that PUT fails before S3 applies it; the core
+    creates a third time. Its own State: never refused as an id taken by another."""
+    bucket = _scenario_bucket()
+    one = Process("one", ("writer",))
+    plan = ["lost", None, "fail"]  # the first three head PUTs
+
+    def fault(call: Call) -> str | None:
+        if call.method == "put_object" and call.params["Key"] == HEAD and plan:
+            return plan.pop(0)
+        return None
+
+    for n in (1, 2, 3):
+        try:
+            _drive(
+                bucket,
+                _save.write(one.ctx(), ID, _entries(0, n, "one"), _snap("one", n), True),
+                fault=fault,
+            )
+        except StateExistsError as error:
+            raise InvariantError(
+                f"invariant 5: create {n} of a State this process created was refused as "
+                f"another's: {error}"
+            ) from error
+        except S3StoreError:
+            assert n < 3, "the third create had no fault"
+    stored = oracle(bucket)
+    assert stored is not None and len(stored.entries) == 3, stored
+
+
 SCENARIOS: list[Callable[[], None]] = [
     scenario_a_lost_answer_then_saves_on_top,
     scenario_b_stale_copy_of_a_state_made_again_smaller,
+    scenario_c_a_lost_create_then_a_failed_update,
 ]
 
 

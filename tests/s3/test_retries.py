@@ -113,6 +113,44 @@ async def test_a_create_retried_by_a_new_attempt_finds_its_own_state(
     assert record is not None and record.snapshot == snapshot_dict("again", 4)
 
 
+async def test_a_lost_create_then_a_failed_update_is_never_refused_as_a_taken_id(
+    mode: Mode, stores: Stores
+) -> None:
+    """A create lands with its answer lost; the core's next save (a create still) finds it and
+    goes on as an update, whose PUT fails before it is sent; the third save (a create still)
+    finds the State this process made, not another's (found by reliability/fault_proxy.py)."""
+    plan: list[str | None] = ["lose the answer", None, "fail before sending"]  # head PUTs
+    doing: dict[str, str | None] = {}
+
+    def before(params: dict[str, Any], context: dict[str, Any], **kwargs: Any) -> None:
+        if "/heads/" in params["url_path"] and plan:
+            doing[context.setdefault("plan", str(len(plan)))] = what = plan.pop(0)
+            if what == "fail before sending":
+                raise ConnectionResetError("the connection failed before the PUT went out")
+
+    def after(context: dict[str, Any], **kwargs: Any) -> None:
+        if doing.pop(context.get("plan", ""), None) == "lose the answer":
+            raise ConnectionResetError("S3 applied the PUT; its answer was lost")
+
+    io = stores.io(
+        mode, event_hooks={"before-call.s3.PutObject": before, "after-call.s3.PutObject": after}
+    )
+    state = State("a task", id="lost-create")
+    with pytest.raises(S3StoreError, match="its answer was lost"):
+        await io.save(state)
+    state.add_user_message("one")
+    with pytest.raises(S3StoreError, match="before the PUT went out"):
+        await io.save(state)
+    assert not plan
+    state.add_user_message("two")
+    await io.save(state)
+    loaded = await stores.io(mode).load("lost-create")
+    assert loaded.history == state.history
+    # What the failed update wrote before its head PUT is named by no head (sweep's to remove).
+    roles = [o.role for o in await objects(io, "lost-create")]
+    assert roles.count("head") == 1 and roles.count("entry") == len(state.history)
+
+
 # Configuration -------------------------------------------------------------------------------
 
 
