@@ -2,7 +2,7 @@
 
     python reliability/kill_soak.py [--kills 100] [--seconds 600] [--seed 1]
                                     [--store file|s3|both] [--signals kill,term]
-                                    [--endpoint URL] [--auto-pack N]
+                                    [--endpoint URL]
 
 Each State is run by a child process that this process forks (it has imported everything
 already, so a child starts in milliseconds; the child opens its own store, and its own boto3
@@ -23,6 +23,8 @@ Kill moments, one per child:
 * ``tool``: the k-th tool call signals its own process after it has logged its start.
 
 SIGTERM is turned into ``SystemExit`` by the handler of the guide ("Stop cleanly on SIGTERM").
+On S3 a State's saves pack its history as they go (every 16 entry objects become a segment),
+so the kills land in packing saves, and in the engine check of each child's first save, too.
 
 After every child, this process reads and loads the State through a store object of its own
 and checks (docs/guide.md, "If the process stops" and "Stop cleanly on SIGTERM"):
@@ -40,6 +42,12 @@ and checks (docs/guide.md, "If the process stops" and "Stop cleanly on SIGTERM")
   entry it had in memory is stored, the load settles nothing (no "(unknown: …)" result, no
   notice), and calls cut short were closed with ``(aborted: SystemExit)``;
 * a run that returned left the State stopped by ``finish`` with the answer ``"done"``.
+
+At the end of the S3 soak it counts what the bucket holds by role (heads, entries, segments,
+objects no head names, probes of engine checks), sweeps it (``sweep(older_than=0)``: nothing
+runs any more), and checks that the sweep removed exactly what no head names and the probes,
+and that every State then loads the entries the last check saw (docs/protocol.md, "A kill
+between any two requests").
 
 It prints one line per store and signal (kills, resumes, States finished, violations, time),
 a total per store, then each violation with its State id, and exits 1 on any violation.
@@ -97,6 +105,7 @@ from alpineagents import (
 )
 from alpineagents.history import MODEL, NOTICE, TOOL_RESULT, HistoryEntry
 from alpineagents_s3 import S3Store
+from alpineagents_s3.testing import separate_process
 
 POINT_WEIGHTS = (4, 2, 3, 2)  # timer, write, io, tool
 
@@ -137,13 +146,20 @@ class _KeepingS3Store(Keeping, S3Store):
 
 
 def fresh_store(target: Target) -> Keeping:
-    """A store object of the parent's, new for each check."""
+    """A store object of the parent's, new for each check (closed after it: no thread of its
+    outlives the check, so forking stays safe).
+
+    On S3 it has a memory of its own: the parent's stays empty, so each child, a fork of the
+    parent, starts with none, as a resumed process does; and each check reads the State cold.
+    """
     if target.kind == "file":
         assert target.folder is not None
         return _KeepingFileStore(target.folder)
-    return _KeepingS3Store(
+    store = _KeepingS3Store(
         target.bucket, PREFIX, endpoint_url=target.endpoint, client=target.client
     )
+    separate_process(store)
+    return store
 
 
 # The parent: children ------------------------------------------------------------------------
@@ -434,6 +450,7 @@ class Soak:
     full_seconds: float = 0.5
     full_ticks: Counter[str] = field(default_factory=Counter)
     turn: int = 0
+    watches: list[Watch] = field(default_factory=list)
 
     @property
     def kills(self) -> int:
@@ -479,7 +496,9 @@ class Soak:
         parts = tuple(self.rng.randint(1, 3) for _ in range(steps))
         self.states += 1
         state_id = f"soak-{uuid.uuid4().hex[:12]}"
-        return Watch(state_id, steps, parts, self.target.work / f"{state_id}.started")
+        watch = Watch(state_id, steps, parts, self.target.work / f"{state_id}.started")
+        self.watches.append(watch)
+        return watch
 
     def calibrate(self) -> None:
         """Run two States without a kill: how long a run takes, how many steps of each kind."""
@@ -625,12 +644,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", choices=["file", "s3", "both"], default="both")
     parser.add_argument("--signals", default="kill,term", help="kill, term or kill,term")
     parser.add_argument("--endpoint", help="an S3 endpoint (default: moto, in its own process)")
-    parser.add_argument(
-        "--auto-pack",
-        type=int,
-        metavar="N",
-        help="the children's S3Store(auto_pack=N): a resume packs the State as it loads it",
-    )
     parser.add_argument("--break", dest="broken", choices=["drop-save"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = {"kill": int(signal.SIGKILL), "term": int(signal.SIGTERM)}
@@ -656,14 +669,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             + (f" (S3 at {url}{'' if args.endpoint else ', moto'})" if url else "")
             + f", signals {args.signals}, {args.kills} kills per store, bound "
             f"{args.seconds:g}s, seed {args.seed}"
-            + (f", S3Store(auto_pack={args.auto_pack})" if args.auto_pack else "")
             + (f", BROKEN: {args.broken}" if args.broken else ""),
             flush=True,
         )
         for i, kind in enumerate(kinds):
             left = args.seconds - (time.monotonic() - started)
             deadline = time.monotonic() + left / (len(kinds) - i)
-            target = Target(kind, work / kind, broken=args.broken, auto_pack=args.auto_pack)
+            target = Target(kind, work / kind, broken=args.broken)
             target.work.mkdir()
             if kind == "file":
                 target.folder = work / "store"
@@ -678,12 +690,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             begun = time.monotonic()
             try:
                 soak.run()
-            finally:
                 soak.seconds = time.monotonic() - begun
                 if kind == "s3":
-                    segments = _empty_bucket(target)
-                    if args.auto_pack:
-                        print(f"s3   packed segments left in the bucket: {segments}", flush=True)
+                    sweep_and_check(soak)
+            finally:
+                if kind == "s3":
+                    _empty_bucket(target)
             print_soak(kind, soak)
             soaks.append((kind, soak))
     total = sum(len(s.violations) for _, s in soaks)
@@ -697,20 +709,107 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if total else 0
 
 
-def _empty_bucket(target: Target) -> int:
-    """Remove the run's bucket and everything in it; how many packed segments it held."""
+ROLES = ("head", "entry", "segment", "unnamed", "probe", "other")
+
+
+def by_role(target: Target) -> dict[str, set[str]]:
+    """Every key of the run's bucket by role: what a head names, what none does, probes."""
     client = target.client
-    segments = 0
+    found: dict[str, set[str]] = {role: set() for role in ROLES}
+    heads: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket):
+        for item in page.get("Contents", []):
+            key = item["Key"]
+            if key.startswith(f"{PREFIX}/probes/"):
+                found["probe"].add(key)
+            elif key.startswith(f"{PREFIX}/heads/") and key.endswith(".json"):
+                heads.append(key.removeprefix(f"{PREFIX}/heads/").removesuffix(".json"))
+            elif not key.startswith(f"{PREFIX}/states/"):
+                found["other"].add(key)
+    store = separate_process(
+        S3Store(target.bucket, PREFIX, endpoint_url=target.endpoint, client=target.client)
+    )
+    try:
+        for state_id in heads:
+            for obj in store.objects(state_id):
+                found[obj.role].add(obj.key)
+        named = set().union(*(found[r] for r in ("head", "entry", "segment", "unnamed")))
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=target.bucket, Prefix=f"{PREFIX}/states/"
+        ):
+            for item in page.get("Contents", []):
+                if item["Key"] not in named:  # a folder of a State without a head
+                    found["unnamed"].add(item["Key"])
+    finally:
+        store.close()
+    return found
+
+
+def sweep_and_check(soak: Soak) -> None:
+    """What the kills left, swept: only what no head names goes, and every State still loads.
+
+    Prints the objects by role before and after ``sweep(older_than=0)`` (nothing runs any
+    more, so every object no head names is a leftover); any other outcome is a violation.
+    """
+    target = soak.target
+    before = by_role(target)
+    store = separate_process(
+        S3Store(target.bucket, PREFIX, endpoint_url=target.endpoint, client=target.client)
+    )
+    same = 0
+    try:
+        removed = set(store.sweep(older_than=0))
+        after = by_role(target)
+        expected = before["unnamed"] | before["probe"]
+        if removed != expected:
+            soak.violations.append(
+                f"sweep removed {len(removed)} keys, {len(expected)} were named by no head or "
+                f"probes: {sorted(removed ^ expected)[:5]}"
+            )
+        for role in ("unnamed", "probe", "other"):
+            if after[role]:
+                soak.violations.append(f"after the sweep, {role}: {sorted(after[role])[:5]}")
+        for watch in soak.watches:
+            try:
+                record = store.read(watch.state_id)
+            except Exception as e:
+                soak.violations.append(f"{watch.state_id}: after the sweep, {describe(e)}")
+                continue
+            stored = {e["seq"]: canonical(e) for e in record.entries} if record else {}
+            if stored == watch.seen:
+                same += 1
+            else:
+                soak.violations.append(
+                    f"{watch.state_id}: after the sweep, {len(stored)} entries stored, "
+                    f"{len(watch.seen)} seen by the last check"
+                )
+    finally:
+        store.close()
+    counts = ", ".join(f"{role} {len(before[role])}" for role in ROLES if role != "other")
+    print(
+        f"s3   left by the soak: {counts}; sweep(older_than=0) removed {len(removed)}; "
+        f"{same} of {len(soak.watches)} States load what the last check saw",
+        flush=True,
+    )
+
+
+def describe(error: BaseException) -> str:
+    """An error's type and the first line of its message."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def _empty_bucket(target: Target) -> None:
+    """Remove the run's bucket and everything in it."""
+    client = target.client
     while True:
         found = client.list_objects_v2(Bucket=target.bucket)
         keys = [{"Key": item["Key"]} for item in found.get("Contents", [])]
         if not keys:
             break
-        segments += sum("/packed/" in key["Key"] for key in keys)
         client.delete_objects(Bucket=target.bucket, Delete={"Objects": keys})
     client.delete_bucket(Bucket=target.bucket)
     client.close()
-    return segments
 
 
 if __name__ == "__main__":
