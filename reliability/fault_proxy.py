@@ -683,13 +683,13 @@ class Worker:
         if head in left or named:
             figures.violation(
                 state.id,
-                f"a delete ({outcome}) left {len(named) + (head in left)} objects of the State: "
+                f"a delete left {len(named) + (head in left)} objects of the State ({outcome}): "
                 f"{sorted(named | ({head} & left))[:3]}",
             )
         elif deleted is not None and left - kept:
             figures.violation(
                 state.id,
-                f"a delete ({outcome}) left {len(left - kept)} objects it did not report kept: "
+                f"a delete left {len(left - kept)} objects it did not report kept ({outcome}): "
                 f"{sorted(left - kept)[:3]}",
             )
         with figures.lock:
@@ -909,8 +909,8 @@ class Lister:
         if missing:
             figures.violation(
                 "list",
-                f"a list ({outcome}) left out {len(missing)} States that existed throughout it, "
-                f"without naming them: {sorted(missing)[:3]}",
+                f"a list left out {len(missing)} States that existed throughout it without "
+                f"naming them ({outcome}): {sorted(missing)[:3]}",
             )
 
 

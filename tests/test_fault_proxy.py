@@ -296,6 +296,21 @@ def test_a_state_that_failed_every_try_saves_once_faults_stop() -> None:
     assert figure(out, r"^botocore retries: (\d+);") == 0
 
 
+@pytest.mark.slow
+def test_lists_that_cannot_read_every_head_name_the_ids_they_could_not_read() -> None:
+    # No botocore retry: a fault on a head's GET fails it, so lists meet heads they cannot
+    # read. Each must raise IncompleteListError naming them (never return fewer silently).
+    done = run(
+        "--faults", "150", "--seconds", "40", "--rate", "0.3", "--workers", "4",
+        "--list", "0.1", "--max-attempts", "1",
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert figure(out, r"^violations: (\d+)$") == 0
+    assert figure(out, r"^lists: .*IncompleteListError (\d+) naming") > 0, out
+    assert figure(out, r"^lists: .*IncompleteListError \d+ naming (\d+) ids") > 0, out
+
+
 # A store whose list silently leaves out a State, and whose delete removes the head alone.
 BROKEN = """
 import sys
@@ -343,13 +358,13 @@ def test_the_runner_reports_a_list_that_leaves_a_state_out_and_a_delete_that_lea
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     assert re.search(
-        r"^  list: a list \(complete\) left out 1 States that existed throughout it, without "
-        r"naming them: ",
+        r"^  list: a list left out 1 States that existed throughout it without naming them "
+        r"\(complete\): ",
         out,
         re.M,
     ), out
     assert re.search(
-        r"^  w\d+-\d+-[0-9a-f]{6}: a delete \(returned at once\) left \d+ objects of the State: ",
+        r"^  w\d+-\d+-[0-9a-f]{6}: a delete left \d+ objects of the State \(returned at once\): ",
         out,
         re.M,
     ), out
