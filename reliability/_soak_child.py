@@ -352,9 +352,10 @@ def child_main(target: Target, plan: Plan) -> NoReturn:
                 "notes": getattr(e, "__notes__", []),
             },
         )
-    except BaseException:
+    except BaseException as e:
+        kind = f"{type(e).__module__}.{type(e).__qualname__}"
         with contextlib.suppress(BaseException):
-            report(child, "error", {"error": traceback.format_exc()})
+            report(child, "error", {"error": traceback.format_exc(), "type": kind})
     finally:
         os._exit(status)
 

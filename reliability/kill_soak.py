@@ -41,7 +41,11 @@ and checks (docs/guide.md, "If the process stops" and "Stop cleanly on SIGTERM")
 * after SIGTERM during a run: the child exited with ``SystemExit`` (status 143), every
   entry it had in memory is stored, the load settles nothing (no "(unknown: …)" result, no
   notice), and calls cut short were closed with ``(aborted: SystemExit)``;
-* a run that returned left the State stopped by ``finish`` with the answer ``"done"``.
+* a run that returned left the State stopped by ``finish`` with the answer ``"done"``;
+* a child raised nothing. A plain ``S3StoreError`` is the one exception: an S3 request that
+  failed after botocore's retries (LocalStack under load drops a connection now and then),
+  which ``fault_proxy.py`` judges. It is counted and printed, not judged, and the State
+  resumes in the next child; the runner's own reads are tried again after one.
 
 At the end of the S3 soak it counts what the bucket holds by role (heads, entries, segments,
 objects no head names, probes of engine checks), sweeps it (``sweep(older_than=0)``: nothing
@@ -104,7 +108,7 @@ from alpineagents import (
     Store,
 )
 from alpineagents.history import MODEL, NOTICE, TOOL_RESULT, HistoryEntry
-from alpineagents_s3 import S3Store
+from alpineagents_s3 import S3Store, S3StoreError
 from alpineagents_s3.testing import separate_process
 
 POINT_WEIGHTS = (4, 2, 3, 2)  # timer, write, io, tool
@@ -112,6 +116,12 @@ POINT_WEIGHTS = (4, 2, 3, 2)  # timer, write, io, tool
 CHILD_TIMEOUT = 60.0  # a child still alive this long after its start (or its SIGTERM) hangs
 TERM_GRACE = 15.0
 MAX_CHILDREN = 60  # children for one State before it is judged never to finish
+# A plain S3StoreError is an S3 request that failed after botocore's retries (a server that
+# dropped a connection, say): the fault runner's subject, not this one's. A child that raised
+# one is counted and the State resumed; a read of the runner's is tried this many times.
+S3_ERROR = f"{S3StoreError.__module__}.{S3StoreError.__qualname__}"
+TRIES = 5
+READS = "the runner's reads"
 BUILTINS = frozenset({"finish", "ask"})
 
 # Dummy credentials for moto and LocalStack; never a real account.
@@ -282,7 +292,30 @@ def skipped_by_notices(history: Sequence[HistoryEntry]) -> set[int]:
     return skipped
 
 
-def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
+def s3_failed(target: Target, watch: Watch, plan: Plan, ended: Ended) -> bool:
+    """Whether the child ended by a plain ``S3StoreError`` (not judged here; counted)."""
+    if ended.hung or ended.status != ERROR_STATUS:
+        return False
+    error = read_report(target.work / f"{watch.state_id}.error-{plan.number}") or {}
+    return error.get("type") == S3_ERROR
+
+
+def tried(failures: Counter[str], read: Any, *args: Any) -> Any:
+    """``read(*args)``, tried again (up to ``TRIES``) when it raises a plain S3StoreError."""
+    for attempt in range(TRIES):
+        try:
+            return read(*args)
+        except S3StoreError as e:
+            if type(e) is not S3StoreError or attempt == TRIES - 1:
+                raise
+            failures[READS] += 1
+            time.sleep(0.2 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def check(
+    target: Target, watch: Watch, plan: Plan, ended: Ended, failures: Counter[str]
+) -> list[str]:
     """Every promise after one child; the broken ones, one sentence each."""
     found: list[str] = []
     work = target.work
@@ -290,6 +323,8 @@ def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
     status = ended.status
     if ended.hung:
         found.append(f"child {n} did not end within its time ({plan.point}, signal {plan.signum})")
+    elif s3_failed(target, watch, plan, ended):
+        failures["children"] += 1
     elif status == ERROR_STATUS:
         error = read_report(work / f"{watch.state_id}.error-{n}") or {}
         last = str(error.get("error", "(no report)")).strip().splitlines()[-1:]
@@ -304,7 +339,7 @@ def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
     loaded: State | None = None
     failed = False
     try:
-        loaded = store.load(watch.state_id)
+        loaded = tried(failures, store.load, watch.state_id)
     except StateNotFoundError:
         pass
     except Exception as e:
@@ -451,6 +486,7 @@ class Soak:
     full_ticks: Counter[str] = field(default_factory=Counter)
     turn: int = 0
     watches: list[Watch] = field(default_factory=list)
+    failures: Counter[str] = field(default_factory=Counter)  # plain S3StoreErrors, not judged
 
     @property
     def kills(self) -> int:
@@ -516,7 +552,7 @@ class Soak:
         """Run one child of ``watch``'s State and check after it; count everything."""
         began = time.monotonic()
         ended = run_child(self.target, plan)
-        found = check(self.target, watch, plan, ended)
+        found = check(self.target, watch, plan, ended, self.failures)
         watch.children += 1
         self.children += 1
         report_ = read_report(self.target.work / f"{watch.state_id}.exit-{plan.number}")
@@ -557,8 +593,11 @@ class Soak:
                     and self.kills < self.kills_wanted
                     and time.monotonic() < self.deadline
                 )
-                ended, _ = self.child(watch, self.plan(watch, kill))
-                if ended.status == ERROR_STATUS or ended.hung:
+                plan = self.plan(watch, kill)
+                ended, _ = self.child(watch, plan)
+                if ended.hung or (
+                    ended.status == ERROR_STATUS and not s3_failed(self.target, watch, plan, ended)
+                ):
                     break  # reported; a State its own run cannot continue is left there
                 if ended.status == 0:
                     self.finished += 1
@@ -633,6 +672,13 @@ def print_soak(label: str, soak: Soak) -> None:
         ),
         flush=True,
     )
+    if soak.failures:
+        print(
+            f"{label:<4} S3 requests failed after botocore's retries (plain S3StoreError, not "
+            f"judged): children {soak.failures['children']}, the runner's reads "
+            f"{soak.failures[READS]}",
+            flush=True,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -712,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 ROLES = ("head", "entry", "segment", "unnamed", "probe", "other")
 
 
-def by_role(target: Target) -> dict[str, set[str]]:
+def by_role(target: Target, failures: Counter[str]) -> dict[str, set[str]]:
     """Every key of the run's bucket by role: what a head names, what none does, probes."""
     client = target.client
     found: dict[str, set[str]] = {role: set() for role in ROLES}
@@ -731,7 +777,7 @@ def by_role(target: Target) -> dict[str, set[str]]:
     )
     try:
         for state_id in heads:
-            for obj in store.objects(state_id):
+            for obj in tried(failures, store.objects, state_id):
                 found[obj.role].add(obj.key)
         named = set().union(*(found[r] for r in ("head", "entry", "segment", "unnamed")))
         for page in client.get_paginator("list_objects_v2").paginate(
@@ -752,14 +798,15 @@ def sweep_and_check(soak: Soak) -> None:
     more, so every object no head names is a leftover); any other outcome is a violation.
     """
     target = soak.target
-    before = by_role(target)
+    failures = soak.failures
+    before = by_role(target, failures)
     store = separate_process(
         S3Store(target.bucket, PREFIX, endpoint_url=target.endpoint, client=target.client)
     )
     same = 0
     try:
-        removed = set(store.sweep(older_than=0))
-        after = by_role(target)
+        removed = set(tried(failures, store.sweep, 0))
+        after = by_role(target, failures)
         expected = before["unnamed"] | before["probe"]
         if removed != expected:
             soak.violations.append(
@@ -771,7 +818,7 @@ def sweep_and_check(soak: Soak) -> None:
                 soak.violations.append(f"after the sweep, {role}: {sorted(after[role])[:5]}")
         for watch in soak.watches:
             try:
-                record = store.read(watch.state_id)
+                record = tried(failures, store.read, watch.state_id)
             except Exception as e:
                 soak.violations.append(f"{watch.state_id}: after the sweep, {describe(e)}")
                 continue
