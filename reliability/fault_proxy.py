@@ -90,7 +90,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
-from _proxy import KINDS, LABELS, PASS_HEADER, FaultProxy, Plan
+from _proxy import EXTRA_KINDS, KINDS, LABELS, PASS_HEADER, FaultProxy, Plan
 from botocore.config import Config
 
 from alpineagents import Agent, ModelRequest, State
@@ -996,7 +996,7 @@ def report(
         total = sum(faults.values())
         print(f"requests through the proxy: {requests}")
         print(f"faults injected: {total}")
-        for kind in (*KINDS, "fake-ack"):
+        for kind in (*KINDS, *EXTRA_KINDS, "fake-ack"):
             if faults[kind] or kind in KINDS:
                 extra = f" (in {outages} outages)" if kind == "outage" else ""
                 print(f"  {LABELS[kind]:<32} {faults[kind]:>6}{extra}")
@@ -1110,7 +1110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-attempts", type=int, help="botocore's attempts per request (default: the store's)"
     )
     parser.add_argument(
-        "--kind", action="append", choices=KINDS, help="only these faults (repeatable)"
+        "--kind",
+        action="append",
+        choices=KINDS + EXTRA_KINDS,
+        help="only these faults (repeatable; cut only when named)",
     )
     parser.add_argument(
         "--read",

@@ -103,6 +103,33 @@ def test_each_fault_does_what_it_says(
         proxy.stop()
 
 
+def test_a_cut_answer_breaks_off_mid_body(moto_url: str, moto: S3Client) -> None:
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config
+
+    proxy_module = load_proxy_module()
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    moto.create_bucket(Bucket=bucket)
+    moto.put_object(Bucket=bucket, Key="k", Body=b"0123456789" * 10)
+    plan = proxy_module.Plan(rate=1.0, late_seconds=1.0, kinds=("cut",))
+    proxy = proxy_module.FaultProxy(moto_url, plan, seed=7)
+    proxy.start()
+    config = Config(retries={"total_max_attempts": 1}, read_timeout=5, connect_timeout=5)
+    client = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1", config=config)
+    try:
+        answer = client.get_object(Bucket=bucket, Key="k")  # the headers came whole
+        assert answer["ContentLength"] == 100
+        with pytest.raises(botocore.exceptions.BotoCoreError) as e:
+            answer["Body"].read()
+        assert type(e.value).__name__ == "ResponseStreamingError", repr(e.value)
+        with proxy.tally.lock:
+            assert proxy.tally.faults["cut"] == 1
+    finally:
+        client.close()
+        proxy.stop()
+
+
 def test_a_request_marked_pass_meets_no_fault(moto_url: str, moto: S3Client) -> None:
     import boto3
     from botocore.config import Config
