@@ -239,6 +239,7 @@ class Figures:
     reads: Counter[str] = field(default_factory=Counter)  # the readers' reads, by outcome
     lists: Counter[str] = field(default_factory=Counter)  # the lister's lists, by outcome
     deletes: Counter[str] = field(default_factory=Counter)  # the workers' deletes, by outcome
+    packed: Counter[str] = field(default_factory=Counter)  # States with segments at their end
     kept: set[str] = field(default_factory=set)  # keys of other incarnations deletes left
     violations: list[str] = field(default_factory=list)  # each told once per State
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -397,13 +398,11 @@ class Checker:
                 found.append(f"loaded data {loaded.data} != in memory {state.data}")
         return found
 
-    def folders(self, state_id: str) -> set[str]:
-        """The folders of the incarnation the State's head names (its entries and segments)."""
-        return {
-            obj.key.rsplit("/", 1)[0] + "/"
-            for obj in self.store.objects(state_id)
-            if obj.role in ("entry", "segment")
-        }
+    def parts(self, state_id: str) -> tuple[set[str], int]:
+        """The folders of the incarnation the State's head names, and its segments."""
+        named = [obj for obj in self.store.objects(state_id) if obj.role in ("entry", "segment")]
+        folders = {obj.key.rsplit("/", 1)[0] + "/" for obj in named}
+        return folders, sum(obj.role == "segment" for obj in named)
 
     def keys(self, state_id: str) -> list[str]:
         """The State's head and every object in its folder, listed without the store."""
@@ -617,11 +616,13 @@ class Worker:
         """
         figures = self.run.figures
         try:
-            live = self.checker.folders(state.id)
+            live, segments = self.checker.parts(state.id)
             exists = bool(live)
         except Exception as e:
             figures.violation(state.id, f"objects() before the delete raised {describe(e)}")
             return
+        if segments:
+            figures.count("packed", *["States", *["segments"] * segments])
         self.run.deletes(state.id)
         attempts = self.run.attempts
         last: Exception | None = None
@@ -753,13 +754,13 @@ class Worker:
     def direct_saves(self, state_id: str, n: int) -> None:
         """Many saves of one State: messages, ``data``, or both, each save after the last.
 
-        Twenty messages or more in all: the saves pack (16 entry objects make a segment).
+        18 or 19 messages in all, and the task: a save packs (16 entry objects make a segment).
         """
         state = State(f"keep saving ({state_id})", id=state_id, data={"step": 0})
         for step in range(1, 9):
             kind = (n + step) % 3
             if kind != 1:
-                for i in range(1 + step % 4):
+                for i in range(2 + step % 4):
                     state.add_user_message(f"message {step}.{i} of {state_id}")
             if kind != 0:
                 state.data = {"step": step, "note": f"café {step}", "list": list(range(step))}
@@ -1007,6 +1008,10 @@ def report(
         states = ", ".join(f"{kind} {n}" for kind, n in sorted(figures.states.items()))
         print(
             f"States checked: {sum(figures.states.values())} ({states}); agent runs {figures.runs}"
+        )
+        print(
+            f"packed: {figures.packed['States']} States were named by segments at their end "
+            f"({figures.packed['segments']} segments)"
         )
         print(f"botocore retries: {retries.retried}; refused by its retry quota: {retries.refused}")
         counted = ", ".join(f"{text} {n}" for text, n in warnings.counted.most_common())

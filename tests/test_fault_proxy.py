@@ -244,6 +244,8 @@ def test_over_a_hundred_faults_of_every_kind_lose_nothing_acknowledged() -> None
     assert errors, out
     if int(errors.group(1)):
         assert re.fullmatch(r"S3StoreError \d+", errors.group(2)), errors.group(2)
+    # The direct saves packed: their States ended named by segments.
+    assert figure(out, r"^packed: (\d+) States were named by segments at their end") > 0
     # Reads by both kinds of reader ran, each finding the State, or none (not created yet,
     # deleted meanwhile), or failing with the documented error only (else a violation above).
     reads = re.search(
