@@ -11,6 +11,9 @@ draws from a seeded random generator whether to let it through or to play one fa
 * ``late``: forwarded, then the answer is held past the client's read timeout, and the
   connection is closed: the write happened, the client gave up waiting.
 * ``outage``: every request fails (one of the first three, at random) for a while.
+* ``cut`` (only when asked for: not among the kinds drawn by default): forwarded, then the
+  status and headers are sent, with only half the body, and the connection is reset: the
+  answer breaks off mid-body (an answer without a body is reset, as ``lost``).
 
 ``fake-ack`` is for testing the runner, never for judging the store: a PUT is answered 200
 with a made-up ETag and not forwarded, so a save is acknowledged that S3 never saw.
@@ -36,6 +39,8 @@ from typing import Final
 from urllib.parse import urlsplit
 
 KINDS: Final = ("500", "503", "reset", "lost", "late", "outage")
+# Kinds drawn only when named (``Plan.kinds``, ``fault_proxy.py --kind``).
+EXTRA_KINDS: Final = ("cut",)
 LABELS: Final = {
     "500": "500 InternalError",
     "503": "503 SlowDown",
@@ -43,6 +48,7 @@ LABELS: Final = {
     "lost": "answer lost after the write",
     "late": "answer after the read timeout",
     "outage": "failed in an outage",
+    "cut": "answer cut off mid-body",
     "fake-ack": "PUT acknowledged, not forwarded (test only)",
 }
 XML: Final = {"Content-Type": "application/xml"}
@@ -245,6 +251,11 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(self.owner.plan.late_seconds)
             self.reset()
             return
+        if fault == "cut":
+            if self.command != "HEAD" and len(answer) >= 2:
+                self.answer(status, answer[: len(answer) // 2], headers, length=len(answer))
+            self.reset()
+            return
         self.answer(status, answer, headers)
 
     def forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -271,8 +282,10 @@ class _Handler(BaseHTTPRequestHandler):
         status: int,
         body: bytes,
         headers: list[tuple[str, str]] | dict[str, str] | None = None,
+        length: int | None = None,
     ) -> None:
-        """Send an answer on the kept-alive connection."""
+        """Send an answer on the kept-alive connection (``length``: the Content-Length to
+        announce, if not the body's own)."""
         pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
         try:
             self.send_response_only(status)
@@ -283,10 +296,10 @@ class _Handler(BaseHTTPRequestHandler):
                     if self.command == "HEAD":
                         self.send_header(key, value)
                         continue
-                    value = str(len(body))
+                    value = str(len(body) if length is None else length)
                 self.send_header(key, value)
             if not length_given:
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(body) if length is None else length))
             self.end_headers()
             if self.command != "HEAD" and body:
                 self.wfile.write(body)

@@ -2,6 +2,10 @@
 
 A child opens its own store (and for S3 its own boto3 client) after the fork, creates or loads
 its State, and runs it with an Agent whose ``FunctionModel`` works through the plan's steps.
+On S3 it starts as a resumed process does: its memory of States is empty (the parent reads
+through stores of their own memory), so it loads the State cold, and its first save checks
+the engine. Its saves pack the history as they go (every 16 entry objects), so kills land in
+packing saves too.
 It counts the steps it takes (store writes, low-level writes, tool calls) and signals itself
 at the one the parent planned. It leaves the parent small files in the work folder:
 
@@ -104,7 +108,6 @@ class Target:
     session: boto3.Session | None = None
     client: Any = None  # the parent's own client, for its checks
     broken: str | None = None
-    auto_pack: int | None = None  # the children's S3Store(auto_pack=...): resumes pack
 
 
 # The child -------------------------------------------------------------------------------
@@ -249,11 +252,7 @@ def _child_store(target: Target, child: Child) -> Store:
         client.meta.events.register("before-send.s3", on_request)
         client.meta.events.register("after-call.s3", on_request)
         store = _ReportingS3Store(
-            target.bucket,
-            PREFIX,
-            endpoint_url=target.endpoint,
-            client=client,
-            auto_pack=target.auto_pack,
+            target.bucket, PREFIX, endpoint_url=target.endpoint, client=client
         )
     store.child = child
     store.broken = target.broken
@@ -353,9 +352,10 @@ def child_main(target: Target, plan: Plan) -> NoReturn:
                 "notes": getattr(e, "__notes__", []),
             },
         )
-    except BaseException:
+    except BaseException as e:
+        kind = f"{type(e).__module__}.{type(e).__qualname__}"
         with contextlib.suppress(BaseException):
-            report(child, "error", {"error": traceback.format_exc()})
+            report(child, "error", {"error": traceback.format_exc(), "type": kind})
     finally:
         os._exit(status)
 

@@ -2,7 +2,7 @@
 
     python reliability/fault_proxy.py [--faults 2000] [--seconds 600] [--seed 1] [--rate 0.15]
                                       [--workers 4] [--read-timeout 1] [--endpoint URL]
-                                      [--kind KIND ...] [--pack SECONDS]
+                                      [--kind KIND ...] [--read SECONDS] [--list SECONDS]
                                       [--fake-ack RATE (test only)]
 
 A loopback proxy (reliability/_proxy.py) sits in front of moto's ThreadedMotoServer (started
@@ -14,8 +14,11 @@ stores' botocore ``Config``), and outages in which every request fails for a whi
 Workers (half sync, half async, each with a store of its own through the proxy) take fresh
 States in turn: an Agent run (``FunctionModel`` calling tools, two at once then one, then a
 reply), or a series of direct saves of messages and ``data``. After any error they go on
-from the State in memory: the run again, or the next save. Every State is checked after each
-error and at its end, by a store that talks to the server directly (not through the proxy):
+from the State in memory: the run again, or the next save. A State's saves pack its history
+as they go (every 16 entry objects become a segment), so packing saves meet the faults too.
+Every State is checked after each error and at its end, by a store that talks to the server
+directly (not through the proxy) with a memory of its own (``testing.separate_process``: it
+never takes a part's bytes from what the workers wrote), cold at the end:
 
 * nothing acknowledged is lost: every entry a write that returned sent is stored, unchanged,
   and the stored snapshot is the last acknowledged one or one sent after it;
@@ -33,22 +36,38 @@ error and at its end, by a store that talks to the server directly (not through 
   retry, 10 per timeout, 1 earned back per request that succeeds at once) runs out, and
   botocore then stops retrying: every request fails on its first fault. The run prints how
   often that happened;
-* no tool ran twice.
+* no tool ran twice;
+* the State is deleted through the proxy too: a delete either returns with nothing of the
+  State left (its head, and everything in the folder of the incarnation its head named; what
+  it reports kept, of other incarnations, may stay for ``sweep``), or raises a plain
+  ``S3StoreError`` leaving a State that still loads whole or has no head; run again (the same
+  tries, then with faults off) it finishes the same way. ``StateNotFoundError`` is allowed
+  only from a delete run again (an earlier try removed everything and lost its answer).
 
-With ``--pack SECONDS``, two packers (stores of their own through the proxy, sync and async
-in turn) each take a State under way every ``SECONDS``, while its worker saves it, runs it,
-checks it or deletes it, and pack it (removing its entry objects or not) or read it with
-``auto_pack=2``: the checks above then read packed States, through the warm path of a store
-object that read them before. A pack or read may raise only a plain ``S3StoreError``, or
-``StateNotFoundError`` for a State not created yet or being deleted; any other error is a
-violation, and so is a packer's read whose seqs are not 0, 1, 2, ... or that holds an entry
-never sent. At the end, the run prints what is left in the bucket: every State was deleted
-(a pack that met a delete removes what it wrote), so anything left is a violation unless the
-store warned that it could not remove it.
+With ``--read SECONDS``, two readers each read a State under way every ``SECONDS``, through
+the proxy with faults, while its worker saves it (packing as it goes), runs it, checks it or
+deletes it: in turn with a store of the worker's own process (a monitor thread: it shares
+what the process knows of the State) and with one of another process. A read may raise only
+a plain ``S3StoreError``; it must find the State if it existed throughout the read, and what
+it finds must hold at any moment: seqs 0, 1, 2, ..., each entry and the snapshot ones this
+State sent.
+
+With ``--list SECONDS``, a lister calls ``list()`` (sync and async in turn) through the proxy
+every ``SECONDS``. Besides the workers' States, a few States made at the start exist
+throughout the run. A list either returns every State that existed throughout it, or raises
+``IncompleteListError`` whose ``.states`` and ``.failed`` together hold each of them (a plain
+``S3StoreError`` when the LIST itself failed); it never names an id that was never saved. A
+list that silently leaves out such a State is a violation.
+
+At the end every State was deleted: the run prints what is left in the bucket (what the
+deletes reported kept, probes of engine checks whose delete failed, anything else: a
+violation), sweeps it with ``sweep(older_than=0)`` directly, and the bucket must then be
+empty.
 
 It prints the faults injected by kind, the saves acknowledged, the errors by type, the
-States checked and the violations, and exits 1 on a violation. ``--faults`` is the target
-number of injected faults; ``--seconds`` bounds the run either way.
+States checked, the reads, lists and deletes by outcome, and the violations, and exits 1 on a
+violation. ``--faults`` is the target number of injected faults; ``--seconds`` bounds the run
+either way.
 """
 
 from __future__ import annotations
@@ -71,14 +90,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
-from _proxy import KINDS, LABELS, PASS_HEADER, FaultProxy, Plan
+from _proxy import EXTRA_KINDS, KINDS, LABELS, PASS_HEADER, FaultProxy, Plan
 from botocore.config import Config
 
 from alpineagents import Agent, ModelRequest, State
 from alpineagents.testing import FunctionModel, call
 from alpineagents_s3 import S3Store
-from alpineagents_s3.errors import S3StoreError, StateNotFoundError
-from alpineagents_s3.testing import embedded_moto
+from alpineagents_s3.errors import IncompleteListError, S3StoreError, StateNotFoundError
+from alpineagents_s3.testing import embedded_moto, separate_process
 
 PREFIX = "fault-proxy"
 # Dummy credentials for moto and LocalStack; never a real account.
@@ -87,7 +106,7 @@ CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-# A State's saves (or its run) are tried again from memory this many times under faults,
+# A State's saves (or its run, or its delete) are tried again this many times under faults,
 # waiting longer each time (``pause``: 0.2 s doubling up to 5 s, about 40 s in all: outages
 # last up to 1.5 s, and a loaded machine answers slowly), then with faults off (``OFF_TRIES``):
 # a State that does not save then is a violation.
@@ -96,11 +115,9 @@ ATTEMPTS = 12
 # (moto answers 500 when a LIST meets a key deleted meanwhile; an overloaded machine answers
 # after the read timeout), and once the retry quota is spent botocore does not retry it.
 OFF_TRIES = 3
-# The store's warning of objects it could not remove (the only excuse for any left over).
-LEFTOVER_WARNING = "could not remove leftover objects"
-# The packers of ``--pack``, and the auto_pack of their reads.
-PACKERS = 2
-LOAD_PACK_AT = 2
+# The readers of ``--read``; the States of ``--list`` that exist throughout the run.
+READERS = 2
+FIXED_STATES = 5
 
 
 def pause(attempt: int) -> None:
@@ -139,7 +156,9 @@ class Sent:
     entries: dict[int, list[Any]] = field(default_factory=dict)  # seq: the versions sent
     acked: dict[int, Any] = field(default_factory=dict)  # seq: the entry acknowledged
     snapshots: list[Any] = field(default_factory=list)  # the acked one and those sent since
+    every_snapshot: list[Any] = field(default_factory=list)  # each one ever sent
     acked_snapshot: Any = None
+    acked_at: float | None = None  # when a save of the State first returned: it exists
     saves: int = 0
 
 
@@ -162,6 +181,7 @@ class Recording(S3Store):
                     versions.append(plain(entry))
             if snapshot is not None:
                 sent.snapshots.append(plain(snapshot))
+                sent.every_snapshot.append(plain(snapshot))
 
     def _after(
         self, state_id: str, entries: Sequence[dict[str, Any]], snapshot: dict[str, Any] | None
@@ -169,6 +189,8 @@ class Recording(S3Store):
         with self._lock:
             sent = self.sent[state_id]
             sent.saves += 1
+            if sent.acked_at is None:
+                sent.acked_at = time.monotonic()
             for entry in entries:
                 sent.acked[entry["seq"]] = plain(entry)
             if snapshot is not None:
@@ -213,8 +235,12 @@ class Figures:
     errors: Counter[str] = field(default_factory=Counter)  # by type
     states: Counter[str] = field(default_factory=Counter)  # by scenario
     runs: int = 0
-    once_faults_stopped: Counter[str] = field(default_factory=Counter)  # saves, runs
-    packs: Counter[str] = field(default_factory=Counter)  # outcomes of the packer's packs
+    once_faults_stopped: Counter[str] = field(default_factory=Counter)  # saves, runs, deletes
+    reads: Counter[str] = field(default_factory=Counter)  # the readers' reads, by outcome
+    lists: Counter[str] = field(default_factory=Counter)  # the lister's lists, by outcome
+    deletes: Counter[str] = field(default_factory=Counter)  # the workers' deletes, by outcome
+    packed: Counter[str] = field(default_factory=Counter)  # States with segments at their end
+    kept: set[str] = field(default_factory=set)  # keys of other incarnations deletes left
     violations: list[str] = field(default_factory=list)  # each told once per State
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -234,6 +260,12 @@ class Figures:
         with self.lock:
             self._add(f"{state_id}: {text}")
 
+    def count(self, counter: str, *outcomes: str) -> None:
+        """Count outcomes in one of the counters (``reads``, ``lists``, ``deletes``, ...)."""
+        with self.lock:
+            for outcome in outcomes:
+                getattr(self, counter)[outcome] += 1
+
 
 class _Retries(logging.Handler):
     """Counts botocore's retries, and the retries its retry quota refused (standard mode)."""
@@ -252,7 +284,7 @@ class _Retries(logging.Handler):
 
 
 class _Warnings(logging.Handler):
-    """Counts the store's warnings (a leftover it could not remove, ...) by their first words."""
+    """Counts the store's warnings (parts packed away it could not delete, ...) by first words."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -287,16 +319,40 @@ class _Catch(logging.Handler):
 
 
 class Checker:
-    """Reads States from the server directly and compares them with what was sent."""
+    """Reads States from the server directly and compares them with what was sent.
+
+    Its store has a memory of its own (another process, to the store): what it reads it reads
+    from the bucket, never from the bytes the workers' stores keep of what they wrote. The
+    checks after an error go through that store, warm (it read the State before); the check
+    at a State's end reads it cold too, through a store made for it.
+    """
 
     def __init__(self, endpoint: str, bucket: str) -> None:
-        self.store = S3Store(bucket, PREFIX, endpoint_url=endpoint, region_name="us-east-1")
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.store = self.new_store()
+        self.client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+    def new_store(self) -> S3Store:
+        """A store on the server, with a memory of its own."""
+        store = S3Store(self.bucket, PREFIX, endpoint_url=self.endpoint, region_name="us-east-1")
+        return separate_process(store)
 
     def check(self, state: State, sent: Sent | None, final: bool) -> list[str]:
         """The broken promises about one State; ``final``: it was just saved, all of it."""
+        found = self._check(self.store, state, sent, final)
+        if final and not found:
+            cold = self.new_store()
+            try:
+                found = [f"read cold: {text}" for text in self._check(cold, state, sent, final)]
+            finally:
+                cold.close()
+        return found
+
+    def _check(self, store: S3Store, state: State, sent: Sent | None, final: bool) -> list[str]:
         found: list[str] = []
         try:
-            record = self.store.read(state.id)
+            record = store.read(state.id)
         except Exception as e:
             return [f"the direct read failed: {describe(e)}"]
         if sent is None:
@@ -324,7 +380,7 @@ class Checker:
                 f"(stored: {snapshot}; acknowledged: {sent.acked_snapshot})"
             )
         try:
-            loaded = self.store.load(state.id)
+            loaded = store.load(state.id)
         except Exception as e:
             found.append(f"the State does not load: {describe(e)}")
             return found
@@ -342,9 +398,25 @@ class Checker:
                 found.append(f"loaded data {loaded.data} != in memory {state.data}")
         return found
 
+    def parts(self, state_id: str) -> tuple[set[str], int]:
+        """The folders of the incarnation the State's head names, and its segments."""
+        named = [obj for obj in self.store.objects(state_id) if obj.role in ("entry", "segment")]
+        folders = {obj.key.rsplit("/", 1)[0] + "/" for obj in named}
+        return folders, sum(obj.role == "segment" for obj in named)
+
+    def keys(self, state_id: str) -> list[str]:
+        """The State's head and every object in its folder, listed without the store."""
+        found = []
+        for prefix in (f"{PREFIX}/heads/{state_id}.json", f"{PREFIX}/states/{state_id}/"):
+            pages = self.client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
+                found += [item["Key"] for item in page.get("Contents", [])]
+        return found
+
     def close(self) -> None:
-        """Close the direct store."""
+        """Close the direct store and client."""
         self.store.close()
+        self.client.close()
 
 
 # The workers -----------------------------------------------------------------------------------
@@ -352,7 +424,7 @@ class Checker:
 
 @dataclass
 class Run:
-    """What every worker shares."""
+    """What every worker, reader and lister shares."""
 
     endpoint: str  # the proxy's
     bucket: str
@@ -363,19 +435,41 @@ class Run:
     figures: Figures
     catch: _Catch
     stop: threading.Event
-    # The States under way, for the packer: id -> the store of the worker saving it.
+    # The States under way, for the readers: id -> the store of the worker saving it.
     active: dict[str, Recording] = field(default_factory=dict)
+    # Every State a worker began, and when its delete began (a State exists from its first
+    # acknowledged save to the start of its delete); the States that exist all along.
+    known: dict[str, Recording] = field(default_factory=dict)
+    deleting: dict[str, float] = field(default_factory=dict)
+    fixed: set[str] = field(default_factory=set)
     active_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def begin(self, state_id: str, store: Recording) -> None:
         """A worker starts on ``state_id`` (its saves go through ``store``)."""
         with self.active_lock:
             self.active[state_id] = store
+            self.known[state_id] = store
+
+    def deletes(self, state_id: str) -> None:
+        """A worker is about to delete ``state_id``."""
+        with self.active_lock:
+            self.deleting[state_id] = time.monotonic()
 
     def end(self, state_id: str) -> None:
-        """A worker is done with ``state_id``, before deleting it."""
+        """A worker is done with ``state_id``, deleted."""
         with self.active_lock:
             self.active.pop(state_id, None)
+
+    def existed(self, since: float) -> set[str]:
+        """The States that existed from ``since`` until now (the fixed ones among them)."""
+        with self.active_lock:
+            found = set(self.fixed)
+            for state_id, store in self.known.items():
+                sent = store.sent.get(state_id)
+                acked = sent.acked_at if sent is not None else None
+                if acked is not None and acked < since and state_id not in self.deleting:
+                    found.add(state_id)
+            return found
 
     def store(self, passing: threading.Event) -> Recording:
         """A store of its own through the proxy, with the run's read timeout.
@@ -491,8 +585,7 @@ class Worker:
             finally:
                 self.passing.clear()
             if attempt >= attempts:
-                with self.run.figures.lock:
-                    self.run.figures.once_faults_stopped["save"] += 1
+                self.run.figures.count("once_faults_stopped", "save")
             return True
         why = describe(last) if last else None
         self.run.figures.violation(
@@ -503,18 +596,105 @@ class Worker:
         return False
 
     def finish(self, state: State) -> None:
-        """Save what is left, check that exactly the State in memory is stored, delete it.
-
-        The delete (directly, not through the proxy) keeps the bucket small: moto lists a
-        prefix by going through every key of the bucket, and would slow down as it grows.
-        """
+        """Save what is left, check that exactly the State in memory is stored, delete it."""
         if self.save_until_done(state):
             self.check(state, final=True)
+        self.delete_until_done(state)
         self.run.end(state.id)
-        with contextlib.suppress(KeyError):
-            self.checker.store.delete(state.id)
-        # Only now: a packer's read of the State, until it is deleted, checks what was sent.
+        # Only now: a reader's read of the State, until it is deleted, checks what was sent.
         self.store.sent.pop(state.id, None)
+
+    def delete_until_done(self, state: State) -> None:
+        """Delete the State through the proxy until a delete finishes; check what is left.
+
+        A delete that returned must leave nothing of the State but what it reports kept, and
+        nothing at all of the incarnation its head named. One that raised must leave a State
+        that loads whole or has no head; it is run again (with faults off after
+        ``--attempts`` tries). ``StateNotFoundError`` from a delete run again means an earlier
+        try removed everything and its answer was lost: then nothing of that incarnation may
+        be left either.
+        """
+        figures = self.run.figures
+        try:
+            live, segments = self.checker.parts(state.id)
+            exists = bool(live)
+        except Exception as e:
+            figures.violation(state.id, f"objects() before the delete raised {describe(e)}")
+            return
+        if segments:
+            figures.count("packed", *["States", *["segments"] * segments])
+        self.run.deletes(state.id)
+        attempts = self.run.attempts
+        last: Exception | None = None
+        for attempt in range(attempts + OFF_TRIES):
+            if attempt >= attempts:
+                self.passing.set()
+            try:
+                deleted = self.call(self.store.delete, self.store.adelete, state.id)
+            except StateNotFoundError as e:
+                if attempt == 0 and exists:
+                    figures.violation(state.id, f"the delete of a stored State: {describe(e)}")
+                outcome = "StateNotFoundError when run again" if attempt else "no State"
+                self.deleted(state, live, None, outcome, attempt)
+                return
+            except Exception as e:
+                figures.error(state.id, e)
+                last = e
+                self.after_failed_delete(state, live)
+                pause(attempt)
+                continue
+            finally:
+                self.passing.clear()
+            outcome = "returned at once" if attempt == 0 else "returned when run again"
+            self.deleted(state, live, deleted, outcome, attempt)
+            return
+        why = describe(last) if last else None
+        figures.violation(
+            state.id,
+            f"no delete finished in {attempts} tries, nor in {OFF_TRIES} with faults off "
+            f"(last: {why})",
+        )
+
+    def after_failed_delete(self, state: State, live: set[str]) -> None:
+        """A delete raised: the State still loads whole, or its head is gone."""
+        try:
+            keys = self.checker.keys(state.id)
+        except Exception as e:
+            self.run.figures.violation(state.id, f"the listing after a delete: {describe(e)}")
+            return
+        if f"{PREFIX}/heads/{state.id}.json" in keys:
+            self.check(state, final=True)
+
+    def deleted(
+        self, state: State, live: set[str], deleted: Any, outcome: str, attempt: int
+    ) -> None:
+        """A delete finished (``deleted``: its report, or ``None``); nothing may be left."""
+        figures = self.run.figures
+        figures.count("deletes", outcome)
+        if attempt >= self.run.attempts:
+            figures.count("once_faults_stopped", "delete")
+        try:
+            left = set(self.checker.keys(state.id))
+        except Exception as e:
+            figures.violation(state.id, f"the listing after a delete: {describe(e)}")
+            return
+        kept = set(deleted.kept) if deleted is not None else set()
+        named = {key for key in left if any(key.startswith(folder) for folder in live)}
+        head = f"{PREFIX}/heads/{state.id}.json"
+        if head in left or named:
+            figures.violation(
+                state.id,
+                f"a delete left {len(named) + (head in left)} objects of the State ({outcome}): "
+                f"{sorted(named | ({head} & left))[:3]}",
+            )
+        elif deleted is not None and left - kept:
+            figures.violation(
+                state.id,
+                f"a delete left {len(left - kept)} objects it did not report kept ({outcome}): "
+                f"{sorted(left - kept)[:3]}",
+            )
+        with figures.lock:
+            figures.kept |= left - named - {head}
 
     # The scenarios.
 
@@ -554,8 +734,7 @@ class Worker:
             finally:
                 self.passing.clear()
             if attempt >= attempts:
-                with self.run.figures.lock:
-                    self.run.figures.once_faults_stopped["run"] += 1
+                self.run.figures.count("once_faults_stopped", "run")
             break
         for error in self.run.catch.take(state_id):
             self.run.figures.error(state_id, error)
@@ -573,12 +752,15 @@ class Worker:
         self.finish(state)
 
     def direct_saves(self, state_id: str, n: int) -> None:
-        """Many saves of one State: messages, ``data``, or both, each save after the last."""
+        """Many saves of one State: messages, ``data``, or both, each save after the last.
+
+        18 or 19 messages in all, and the task: a save packs (16 entry objects make a segment).
+        """
         state = State(f"keep saving ({state_id})", id=state_id, data={"step": 0})
-        for step in range(1, 7):
+        for step in range(1, 9):
             kind = (n + step) % 3
             if kind != 1:
-                for i in range(1 + step % 2):
+                for i in range(2 + step % 4):
                     state.add_user_message(f"message {step}.{i} of {state_id}")
             if kind != 0:
                 state.data = {"step": step, "note": f"café {step}", "list": list(range(step))}
@@ -589,16 +771,15 @@ class Worker:
         self.finish(state)
 
 
-class Packer:
-    """Packs States under way, every ``pause`` seconds, through the proxy, until the run stops.
+class Reader:
+    """Reads States under way every ``pause`` seconds, through the proxy, until the run stops.
 
-    ``PACKERS`` of them run, so two packs of one State at once happen too. Each turn, one of
-    a State under way (sync and async in turn): a pack keeping its entry objects, a pack
-    removing them, or a read by a store with ``auto_pack=LOAD_PACK_AT``, which packs what it
-    fetched one by one. Their requests meet faults all along (they never ask the proxy for
-    none). A read racing the worker's saves cannot be compared with what was acknowledged;
-    it is checked for what holds at any moment: its seqs are 0, 1, 2, ... and each entry was
-    sent by this State. The worker's own checks read what the packers packed.
+    ``READERS`` of them run. Each turn, one State under way (mostly one created already), read
+    sync or async, through a store of this process (it shares what the process knows of the
+    State with the worker's store: a monitor thread) or of another process, in turn. Their
+    requests meet faults all along (they never ask the proxy for none). A read racing the
+    worker's saves cannot be compared with what was acknowledged; it is checked for what
+    holds at any moment, and must find a State that existed throughout it.
     """
 
     def __init__(self, run: Run, pause: float, seed: int, number: int) -> None:
@@ -607,13 +788,12 @@ class Packer:
         self.number = number
         self.random = random.Random(seed)
         never = threading.Event()
-        self.store = run.store(never)
-        self.loader = run.store(never)
-        self.loader.auto_pack = LOAD_PACK_AT
+        self.stores = {"same process": run.store(never), "other process": run.store(never)}
+        separate_process(self.stores["other process"])
         self.loop = asyncio.new_event_loop()
 
     def main(self) -> None:
-        """Pack until the run stops (a thread's target)."""
+        """Read until the run stops (a thread's target)."""
         n = 0
         try:
             while not self.run.stop.wait(self.pause):
@@ -625,69 +805,114 @@ class Packer:
                     under_way = created
                 if under_way:
                     state_id, writer = self.random.choice(under_way)
-                    self.act(state_id, writer, use_async=(n + self.number) % 2 == 1)
+                    which = ("same process", "other process")[(n // 2) % 2]
+                    self.read(state_id, writer, which, use_async=(n + self.number) % 2 == 1)
                     n += 1
         finally:
-            self.loop.run_until_complete(self.store.aclose())
-            self.loop.run_until_complete(self.loader.aclose())
+            for store in self.stores.values():
+                self.loop.run_until_complete(store.aclose())
+                store.close()
             self.loop.close()
-            self.store.close()
-            self.loader.close()
 
-    def act(self, state_id: str, writer: Recording, use_async: bool) -> None:
-        """One pack or read of ``state_id``; its outcome counted, or a violation recorded."""
-        roll = self.random.random()
-        what = "pack" if roll < 2 / 3 else "read"
-        sent = writer.sent.get(state_id)  # before the pack or read (the worker drops it
-        created = _created(sent)  # once it is done with the State)
-        loop = self.loop if use_async else None
+    def read(self, state_id: str, writer: Recording, which: str, use_async: bool) -> None:
+        """One read of ``state_id``; its outcome counted, or a violation recorded."""
+        sent = writer.sent.get(state_id)  # before the read (the worker drops it once done)
+        store = self.stores[which]
         figures = self.run.figures
+        began = time.monotonic()
         try:
-            if what == "pack":
-                store = self.store
-                packed = on(loop, store.pack, store.apack, state_id, remove_entries=roll < 1 / 3)
-            else:
-                record = on(loop, self.loader.read, self.loader.aread, state_id)
-        except StateNotFoundError as e:
-            with self.run.active_lock:
-                under_way = state_id in self.run.active
-            if created and under_way:  # created before the pack, not deleted since
-                figures.violation(state_id, f"a {what} by a packer raised {describe(e)}")
-            why = "deleted meanwhile" if created else "not created yet"
-            with figures.lock:
-                figures.packs[f"{what}: StateNotFoundError ({why})"] += 1
+            record = on(self.loop if use_async else None, store.read, store.aread, state_id)
         except Exception as e:
             if not documented(e):
-                figures.violation(
-                    state_id, f"a {what} by a packer raised an undocumented error: {describe(e)}"
-                )
-            with figures.lock:
-                figures.packs[f"{what}: {type(e).__name__}"] += 1
-        else:
-            if what == "pack":
-                with figures.lock:
-                    figures.packs["packed"] += 1
-                    figures.packs["segments written"] += len(packed.written)
-                    figures.packs["keys removed"] += len(packed.removed)
-            else:
-                with figures.lock:
-                    figures.packs["read"] += 1
-                if record is not None:
-                    # A State created while the read ran: the worker records a write before
-                    # sending it, so what it sent is known by the end of the read.
-                    sent = sent or writer.sent.get(state_id)
-                    self.check_read(state_id, record.entries, sent)
+                figures.violation(state_id, f"a read ({which}) raised {describe(e)}")
+            figures.count("reads", which, type(e).__name__)
+            return
+        if record is None:
+            if state_id in self.run.existed(began):
+                figures.violation(state_id, f"a read ({which}) found no State, though it existed")
+            why = "deleted meanwhile" if _created(sent) else "not created yet"
+            figures.count("reads", which, f"none ({why})")
+            return
+        figures.count("reads", which, "found")
+        # A State created while the read ran: the worker records a write before sending it, so
+        # what it sent is known by the end of the read.
+        sent = sent or writer.sent.get(state_id)
+        self.check_read(state_id, record, sent)
 
-    def check_read(self, state_id: str, entries: Sequence[Any], sent: Sent | None) -> None:
-        """What holds of a read at any moment: seqs 0, 1, 2, ..., each entry one it sent."""
-        seqs = [entry["seq"] for entry in entries]
+    def check_read(self, state_id: str, record: Any, sent: Sent | None) -> None:
+        """What holds of a read at any moment: seqs 0, 1, 2, ..., all of it sent by the State."""
+        seqs = [entry["seq"] for entry in record.entries]
         if seqs != list(range(len(seqs))):
-            self.run.figures.violation(state_id, f"a packer read the seqs {seqs}")
-        for entry in entries:
+            self.run.figures.violation(state_id, f"a reader read the seqs {seqs}")
+        for entry in record.entries:
             if sent is None or plain(entry) not in sent.entries.get(entry["seq"], []):
                 self.run.figures.violation(
-                    state_id, f"a packer read entry {entry['seq']}, which was never sent"
+                    state_id, f"a reader read entry {entry['seq']}, which was never sent"
                 )
+        if sent is None or plain(record.snapshot) not in sent.every_snapshot:
+            self.run.figures.violation(state_id, "a reader read a snapshot that was never sent")
+
+
+class Lister:
+    """Lists the States every ``pause`` seconds through the proxy (sync and async in turn).
+
+    A list returns every State that existed throughout it, or raises ``IncompleteListError``
+    naming those it could not read; it names no id that was never saved.
+    """
+
+    def __init__(self, run: Run, pause: float) -> None:
+        self.run = run
+        self.pause = pause
+        self.store = run.store(threading.Event())
+        self.loop = asyncio.new_event_loop()
+        self.throughout = 0  # States that existed throughout a list, summed over the lists
+
+    def main(self) -> None:
+        """List until the run stops (a thread's target)."""
+        n = 0
+        try:
+            while not self.run.stop.wait(self.pause):
+                self.list(use_async=n % 2 == 1)
+                n += 1
+        finally:
+            self.loop.run_until_complete(self.store.aclose())
+            self.loop.close()
+            self.store.close()
+
+    def list(self, use_async: bool) -> None:
+        """One list; its outcome counted, or a violation recorded."""
+        figures = self.run.figures
+        began = time.monotonic()
+        failed: dict[str, Any] = {}
+        try:
+            found = on(self.loop if use_async else None, self.store.list, self.store.alist)
+            outcome = "complete"
+        except IncompleteListError as e:
+            found, failed, outcome = e.states, e.failed, "IncompleteListError"
+            figures.count("lists", *(["id not read"] * len(failed)))
+            if not failed or not all(isinstance(v, S3StoreError) for v in failed.values()):
+                figures.violation("list", f"an IncompleteListError that names nothing: {e}")
+        except Exception as e:
+            if not documented(e):
+                figures.violation("list", f"a list raised {describe(e)}")
+            figures.count("lists", type(e).__name__)
+            return
+        existed = self.run.existed(began)
+        figures.count("lists", outcome, *(["State that existed throughout"] * len(existed)))
+        ids = [summary.id for summary in found]
+        if len(ids) != len(set(ids)):
+            figures.violation("list", f"a list named a State twice: {sorted(ids)}")
+        with self.run.active_lock:
+            known = set(self.run.known) | self.run.fixed
+        for state_id in (set(ids) | set(failed)) - known:
+            figures.violation(state_id, "a list named a State that was never saved")
+        missing = existed - set(ids) - set(failed)
+        if missing:
+            figures.violation(
+                "list",
+                f"a list left out {len(missing)} States that existed throughout it without "
+                f"naming them ({outcome}): {sorted(missing)[:3]}",
+            )
 
 
 def _created(sent: Sent | None) -> bool:
@@ -722,13 +947,18 @@ def by_kind(counted: Counter[str]) -> str:
     return ", ".join(f"{kind} {n}" for kind, n in sorted(counted.items()))
 
 
-def leftovers(client: Any, bucket: str) -> Counter[str]:
+def leftovers(client: Any, bucket: str, kept: set[str]) -> Counter[str]:
     """The objects left in the bucket, by kind: every State was deleted at its end."""
     left: Counter[str] = Counter()
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for item in page.get("Contents", []):
             key = item["Key"]
-            left["packed segments" if "/packed/" in key else "other objects"] += 1
+            if key in kept:
+                left["kept by a delete"] += 1
+            elif key.startswith(f"{PREFIX}/probes/"):
+                left["probes"] += 1
+            else:
+                left["else"] += 1
     return left
 
 
@@ -740,13 +970,22 @@ def kind_of(violation: str) -> str:
     return re.sub(r"\d+", "N", text.split(" (")[0].split(": ")[0])
 
 
+@dataclass
+class End:
+    """What the bucket held at the end, and what the sweep made of it."""
+
+    left: Counter[str]
+    swept: int
+    after: int
+
+
 def report(
     proxy: FaultProxy,
     figures: Figures,
     retries: _Retries,
     warnings: _Warnings,
     attempts: int,
-    left: Counter[str],
+    end: End,
     seconds: float,
 ) -> None:
     """Print the figures."""
@@ -758,7 +997,7 @@ def report(
         total = sum(faults.values())
         print(f"requests through the proxy: {requests}")
         print(f"faults injected: {total}")
-        for kind in (*KINDS, "fake-ack"):
+        for kind in (*KINDS, *EXTRA_KINDS, "fake-ack"):
             if faults[kind] or kind in KINDS:
                 extra = f" (in {outages} outages)" if kind == "outage" else ""
                 print(f"  {LABELS[kind]:<32} {faults[kind]:>6}{extra}")
@@ -770,27 +1009,49 @@ def report(
         print(
             f"States checked: {sum(figures.states.values())} ({states}); agent runs {figures.runs}"
         )
+        print(
+            f"packed: {figures.packed['States']} States were named by segments at their end "
+            f"({figures.packed['segments']} segments)"
+        )
         print(f"botocore retries: {retries.retried}; refused by its retry quota: {retries.refused}")
         counted = ", ".join(f"{text} {n}" for text, n in warnings.counted.most_common())
         print(f"store warnings: {sum(warnings.counted.values())} ({counted or 'none'})")
         stopped = figures.once_faults_stopped
         print(
-            f"after {attempts} failed tries, saved once faults stopped: saves "
-            f"{stopped['save']}, runs {stopped['run']}"
+            f"after {attempts} failed tries, done once faults stopped: saves "
+            f"{stopped['save']}, runs {stopped['run']}, deletes {stopped['delete']}"
         )
-        if figures.packs:
-            packs = figures.packs
-            failed = ", ".join(
-                f"{name} {n}"
-                for name, n in packs.most_common()
-                if name not in ("packed", "segments written", "keys removed", "read")
+        deletes = figures.deletes
+        print(
+            f"deletes: {sum(deletes.values())} ({by_kind(deletes) or 'none'}); objects of "
+            f"other incarnations they kept, for sweep: {len(figures.kept)}"
+        )
+        if figures.reads:
+            reads = figures.reads
+            places = ("same process", "other process")
+            outcomes = Counter({k: n for k, n in reads.items() if k not in places})
+            print(
+                f"reads: {sum(reads[p] for p in places)} (same process {reads['same process']}, "
+                f"other process {reads['other process']}): {by_kind(outcomes)}"
+            )
+        if figures.lists:
+            lists = figures.lists
+            ran = sum(
+                n
+                for k, n in lists.items()
+                if k not in ("id not read", "State that existed throughout")
             )
             print(
-                f"packs: {packs['packed']} packed ({packs['segments written']} segments written, "
-                f"{packs['keys removed']} keys removed), {packs['read']} read with auto_pack="
-                f"{LOAD_PACK_AT}; failed: {failed or 'none'}"
+                f"lists: {ran} (complete {lists['complete']}, IncompleteListError "
+                f"{lists['IncompleteListError']} naming {lists['id not read']} ids, "
+                f"S3StoreError {lists['S3StoreError']}); States that existed throughout a list: "
+                f"{lists['State that existed throughout']}, each listed or named"
             )
-        print(f"objects left in the bucket: {sum(left.values())} ({by_kind(left) or 'none'})")
+        print(
+            f"objects left after every State was deleted: {sum(end.left.values())} "
+            f"({by_kind(end.left) or 'none'}); sweep(older_than=0) removed {end.swept}; "
+            f"left after it: {end.after}"
+        )
         print(f"violations: {len(figures.violations)}")
         kinds = Counter(kind_of(v) for v in figures.violations)
         for kind, n in kinds.most_common():
@@ -800,6 +1061,36 @@ def report(
         if len(figures.violations) > 20:
             print(f"  ... and {len(figures.violations) - 20} more")
         print(f"time: {seconds:.1f}s")
+
+
+def seconds_option(parser: argparse.ArgumentParser, name: str, value: float) -> None:
+    """Refuse a pause that is no number of seconds (NaN, negative)."""
+    if not value >= 0:  # NaN too
+        parser.error(f"{name} is a number of seconds, 0 for none, not {value}")
+
+
+def make_fixed(checker: Checker, run: Run) -> None:
+    """The States that exist throughout the run, for the lister: made directly."""
+    for i in range(FIXED_STATES):
+        state = State(f"exists throughout the run ({i})", id=f"fixed-{i}-{uuid.uuid4().hex[:6]}")
+        checker.store.save(state)
+        run.fixed.add(state.id)
+
+
+def sweep_the_end(checker: Checker, client: Any, bucket: str, figures: Figures) -> End:
+    """What is left once every State was deleted; swept; the bucket must then be empty."""
+    left = leftovers(client, bucket, figures.kept)
+    if left["else"]:
+        figures.violation(bucket, f"objects left after every State was deleted: {by_kind(left)}")
+    time.sleep(1.1)  # LastModified counts whole seconds: everything is older than now
+    swept = len(checker.store.sweep(older_than=0))
+    after = sum(
+        len(page.get("Contents", []))
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    )
+    if after:
+        figures.violation(bucket, f"{after} objects left after sweep(older_than=0)")
+    return End(left, swept, after)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -824,20 +1115,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-attempts", type=int, help="botocore's attempts per request (default: the store's)"
     )
     parser.add_argument(
-        "--kind", action="append", choices=KINDS, help="only these faults (repeatable)"
+        "--kind",
+        action="append",
+        choices=KINDS + EXTRA_KINDS,
+        help="only these faults (repeatable; cut only when named)",
     )
     parser.add_argument(
-        "--pack",
+        "--read",
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="pack a State under way every SECONDS, through the proxy (default: no packer)",
+        help="each of two readers reads a State under way every SECONDS (default: no reader)",
+    )
+    parser.add_argument(
+        "--list",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="list the States every SECONDS (default: no lister)",
     )
     # Test only: the runner must see these, and fail.
     parser.add_argument("--fake-ack", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if not args.pack >= 0:  # NaN too
-        parser.error(f"--pack is a number of seconds, 0 for no packer, not {args.pack}")
+    seconds_option(parser, "--read", args.read)
+    seconds_option(parser, "--list", args.list)
     for key, value in CREDENTIALS.items():
         os.environ.setdefault(key, value)
     # A tool result saved alone that fails is logged by the Agent; the runner counts it.
@@ -871,8 +1172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"fault proxy at {proxy.url} in front of {'moto' if not args.endpoint else url} "
             f"at {url}, bucket {bucket}; seed {args.seed}, rate {args.rate:g}, read timeout "
-            f"{args.read_timeout:g}s, {args.workers} workers; target {args.faults} faults, "
-            f"bound {args.seconds:g}s",
+            f"{args.read_timeout:g}s, {args.workers} workers"
+            + (f", {READERS} readers every {args.read:g}s" if args.read else "")
+            + (f", a list every {args.list:g}s" if args.list else "")
+            + f"; target {args.faults} faults, bound {args.seconds:g}s",
             flush=True,
         )
         figures = Figures()
@@ -888,12 +1191,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             catch,
             stop,
         )
+        checker = Checker(url, bucket)
+        if args.list:
+            make_fixed(checker, run)
         workers = [Worker(run, i, "sync" if i % 2 == 0 else "async") for i in range(args.workers)]
         threads = [threading.Thread(target=w.main, name=f"worker {w.number}") for w in workers]
-        if args.pack > 0:
-            packers = [Packer(run, args.pack, args.seed * 100 + i, i) for i in range(PACKERS)]
-            for packer in packers:
-                threads.append(threading.Thread(target=packer.main, name=f"packer {packer.number}"))
+        if args.read > 0:
+            for i in range(READERS):
+                reader = Reader(run, args.read, args.seed * 100 + i, i)
+                threads.append(threading.Thread(target=reader.main, name=f"reader {i}"))
+        if args.list > 0:
+            threads.append(threading.Thread(target=Lister(run, args.list).main, name="lister"))
         for thread in threads:
             thread.start()
         deadline = started + args.seconds
@@ -913,26 +1221,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"[{time.monotonic() - started:.0f}s] faults {proxy.tally.total()}, "
                         f"saves {saves}, States {states}, violations {violations}; retries "
                         f"{retries.retried}, refused by the retry quota {retries.refused}; "
-                        f"saved once faults stopped {stopped}",
+                        f"done once faults stopped {stopped}",
                         flush=True,
                     )
         finally:
             stop.set()
-            # The States under way are finished (saved whole, checked) without new faults:
-            # each has already been saved again from memory after each of its errors.
+            # The States under way are finished (saved whole, checked, deleted) without new
+            # faults: each has already been saved again from memory after each of its errors.
             plan.paused = True
             for thread in threads:
                 thread.join()
             proxy.stop()
-            left = leftovers(client, bucket)
-            if left and not warnings.counted[LEFTOVER_WARNING]:
-                figures.violation(
-                    bucket,
-                    f"objects left after every State was deleted, none warned of: {by_kind(left)}",
-                )
+            for state_id in sorted(run.fixed):
+                checker.store.delete(state_id)
+            end = sweep_the_end(checker, client, bucket, figures)
+            checker.close()
             report(
-                proxy, figures, retries, warnings, args.attempts, left, time.monotonic() - started
+                proxy, figures, retries, warnings, args.attempts, end, time.monotonic() - started
             )
+            if not end.after:
+                client.delete_bucket(Bucket=bucket)
             client.close()
     return 1 if figures.violations else 0
 

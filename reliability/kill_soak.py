@@ -2,7 +2,7 @@
 
     python reliability/kill_soak.py [--kills 100] [--seconds 600] [--seed 1]
                                     [--store file|s3|both] [--signals kill,term]
-                                    [--endpoint URL] [--auto-pack N]
+                                    [--endpoint URL]
 
 Each State is run by a child process that this process forks (it has imported everything
 already, so a child starts in milliseconds; the child opens its own store, and its own boto3
@@ -23,6 +23,8 @@ Kill moments, one per child:
 * ``tool``: the k-th tool call signals its own process after it has logged its start.
 
 SIGTERM is turned into ``SystemExit`` by the handler of the guide ("Stop cleanly on SIGTERM").
+On S3 a State's saves pack its history as they go (every 16 entry objects become a segment),
+so the kills land in packing saves, and in the engine check of each child's first save, too.
 
 After every child, this process reads and loads the State through a store object of its own
 and checks (docs/guide.md, "If the process stops" and "Stop cleanly on SIGTERM"):
@@ -39,7 +41,17 @@ and checks (docs/guide.md, "If the process stops" and "Stop cleanly on SIGTERM")
 * after SIGTERM during a run: the child exited with ``SystemExit`` (status 143), every
   entry it had in memory is stored, the load settles nothing (no "(unknown: …)" result, no
   notice), and calls cut short were closed with ``(aborted: SystemExit)``;
-* a run that returned left the State stopped by ``finish`` with the answer ``"done"``.
+* a run that returned left the State stopped by ``finish`` with the answer ``"done"``;
+* a child raised nothing. A plain ``S3StoreError`` is the one exception: an S3 request that
+  failed after botocore's retries (LocalStack under load drops a connection now and then),
+  which ``fault_proxy.py`` judges. It is counted and printed, not judged, and the State
+  resumes in the next child; the runner's own reads are tried again after one.
+
+At the end of the S3 soak it counts what the bucket holds by role (heads, entries, segments,
+objects no head names, probes of engine checks), sweeps it (``sweep(older_than=0)``: nothing
+runs any more), and checks that the sweep removed exactly what no head names and the probes,
+and that every State then loads the entries the last check saw (docs/protocol.md, "A kill
+between any two requests").
 
 It prints one line per store and signal (kills, resumes, States finished, violations, time),
 a total per store, then each violation with its State id, and exits 1 on any violation.
@@ -96,13 +108,20 @@ from alpineagents import (
     Store,
 )
 from alpineagents.history import MODEL, NOTICE, TOOL_RESULT, HistoryEntry
-from alpineagents_s3 import S3Store
+from alpineagents_s3 import S3Store, S3StoreError
+from alpineagents_s3.testing import separate_process
 
 POINT_WEIGHTS = (4, 2, 3, 2)  # timer, write, io, tool
 
 CHILD_TIMEOUT = 60.0  # a child still alive this long after its start (or its SIGTERM) hangs
 TERM_GRACE = 15.0
 MAX_CHILDREN = 60  # children for one State before it is judged never to finish
+# A plain S3StoreError is an S3 request that failed after botocore's retries (a server that
+# dropped a connection, say): the fault runner's subject, not this one's. A child that raised
+# one is counted and the State resumed; a read of the runner's is tried this many times.
+S3_ERROR = f"{S3StoreError.__module__}.{S3StoreError.__qualname__}"
+TRIES = 5
+READS = "the runner's reads"
 BUILTINS = frozenset({"finish", "ask"})
 
 # Dummy credentials for moto and LocalStack; never a real account.
@@ -137,13 +156,20 @@ class _KeepingS3Store(Keeping, S3Store):
 
 
 def fresh_store(target: Target) -> Keeping:
-    """A store object of the parent's, new for each check."""
+    """A store object of the parent's, new for each check (closed after it: no thread of its
+    outlives the check, so forking stays safe).
+
+    On S3 it has a memory of its own: the parent's stays empty, so each child, a fork of the
+    parent, starts with none, as a resumed process does; and each check reads the State cold.
+    """
     if target.kind == "file":
         assert target.folder is not None
         return _KeepingFileStore(target.folder)
-    return _KeepingS3Store(
+    store = _KeepingS3Store(
         target.bucket, PREFIX, endpoint_url=target.endpoint, client=target.client
     )
+    separate_process(store)
+    return store
 
 
 # The parent: children ------------------------------------------------------------------------
@@ -266,7 +292,30 @@ def skipped_by_notices(history: Sequence[HistoryEntry]) -> set[int]:
     return skipped
 
 
-def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
+def s3_failed(target: Target, watch: Watch, plan: Plan, ended: Ended) -> bool:
+    """Whether the child ended by a plain ``S3StoreError`` (not judged here; counted)."""
+    if ended.hung or ended.status != ERROR_STATUS:
+        return False
+    error = read_report(target.work / f"{watch.state_id}.error-{plan.number}") or {}
+    return error.get("type") == S3_ERROR
+
+
+def tried(failures: Counter[str], read: Any, *args: Any) -> Any:
+    """``read(*args)``, tried again (up to ``TRIES``) when it raises a plain S3StoreError."""
+    for attempt in range(TRIES):
+        try:
+            return read(*args)
+        except S3StoreError as e:
+            if type(e) is not S3StoreError or attempt == TRIES - 1:
+                raise
+            failures[READS] += 1
+            time.sleep(0.2 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def check(
+    target: Target, watch: Watch, plan: Plan, ended: Ended, failures: Counter[str]
+) -> list[str]:
     """Every promise after one child; the broken ones, one sentence each."""
     found: list[str] = []
     work = target.work
@@ -274,6 +323,8 @@ def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
     status = ended.status
     if ended.hung:
         found.append(f"child {n} did not end within its time ({plan.point}, signal {plan.signum})")
+    elif s3_failed(target, watch, plan, ended):
+        failures["children"] += 1
     elif status == ERROR_STATUS:
         error = read_report(work / f"{watch.state_id}.error-{n}") or {}
         last = str(error.get("error", "(no report)")).strip().splitlines()[-1:]
@@ -288,7 +339,7 @@ def check(target: Target, watch: Watch, plan: Plan, ended: Ended) -> list[str]:
     loaded: State | None = None
     failed = False
     try:
-        loaded = store.load(watch.state_id)
+        loaded = tried(failures, store.load, watch.state_id)
     except StateNotFoundError:
         pass
     except Exception as e:
@@ -434,6 +485,8 @@ class Soak:
     full_seconds: float = 0.5
     full_ticks: Counter[str] = field(default_factory=Counter)
     turn: int = 0
+    watches: list[Watch] = field(default_factory=list)
+    failures: Counter[str] = field(default_factory=Counter)  # plain S3StoreErrors, not judged
 
     @property
     def kills(self) -> int:
@@ -479,7 +532,9 @@ class Soak:
         parts = tuple(self.rng.randint(1, 3) for _ in range(steps))
         self.states += 1
         state_id = f"soak-{uuid.uuid4().hex[:12]}"
-        return Watch(state_id, steps, parts, self.target.work / f"{state_id}.started")
+        watch = Watch(state_id, steps, parts, self.target.work / f"{state_id}.started")
+        self.watches.append(watch)
+        return watch
 
     def calibrate(self) -> None:
         """Run two States without a kill: how long a run takes, how many steps of each kind."""
@@ -497,7 +552,7 @@ class Soak:
         """Run one child of ``watch``'s State and check after it; count everything."""
         began = time.monotonic()
         ended = run_child(self.target, plan)
-        found = check(self.target, watch, plan, ended)
+        found = check(self.target, watch, plan, ended, self.failures)
         watch.children += 1
         self.children += 1
         report_ = read_report(self.target.work / f"{watch.state_id}.exit-{plan.number}")
@@ -538,8 +593,11 @@ class Soak:
                     and self.kills < self.kills_wanted
                     and time.monotonic() < self.deadline
                 )
-                ended, _ = self.child(watch, self.plan(watch, kill))
-                if ended.status == ERROR_STATUS or ended.hung:
+                plan = self.plan(watch, kill)
+                ended, _ = self.child(watch, plan)
+                if ended.hung or (
+                    ended.status == ERROR_STATUS and not s3_failed(self.target, watch, plan, ended)
+                ):
                     break  # reported; a State its own run cannot continue is left there
                 if ended.status == 0:
                     self.finished += 1
@@ -614,6 +672,13 @@ def print_soak(label: str, soak: Soak) -> None:
         ),
         flush=True,
     )
+    if soak.failures:
+        print(
+            f"{label:<4} S3 requests failed after botocore's retries (plain S3StoreError, not "
+            f"judged): children {soak.failures['children']}, the runner's reads "
+            f"{soak.failures[READS]}",
+            flush=True,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -625,12 +690,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", choices=["file", "s3", "both"], default="both")
     parser.add_argument("--signals", default="kill,term", help="kill, term or kill,term")
     parser.add_argument("--endpoint", help="an S3 endpoint (default: moto, in its own process)")
-    parser.add_argument(
-        "--auto-pack",
-        type=int,
-        metavar="N",
-        help="the children's S3Store(auto_pack=N): a resume packs the State as it loads it",
-    )
     parser.add_argument("--break", dest="broken", choices=["drop-save"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = {"kill": int(signal.SIGKILL), "term": int(signal.SIGTERM)}
@@ -656,14 +715,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             + (f" (S3 at {url}{'' if args.endpoint else ', moto'})" if url else "")
             + f", signals {args.signals}, {args.kills} kills per store, bound "
             f"{args.seconds:g}s, seed {args.seed}"
-            + (f", S3Store(auto_pack={args.auto_pack})" if args.auto_pack else "")
             + (f", BROKEN: {args.broken}" if args.broken else ""),
             flush=True,
         )
         for i, kind in enumerate(kinds):
             left = args.seconds - (time.monotonic() - started)
             deadline = time.monotonic() + left / (len(kinds) - i)
-            target = Target(kind, work / kind, broken=args.broken, auto_pack=args.auto_pack)
+            target = Target(kind, work / kind, broken=args.broken)
             target.work.mkdir()
             if kind == "file":
                 target.folder = work / "store"
@@ -678,12 +736,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             begun = time.monotonic()
             try:
                 soak.run()
-            finally:
                 soak.seconds = time.monotonic() - begun
                 if kind == "s3":
-                    segments = _empty_bucket(target)
-                    if args.auto_pack:
-                        print(f"s3   packed segments left in the bucket: {segments}", flush=True)
+                    sweep_and_check(soak)
+            finally:
+                if kind == "s3":
+                    _empty_bucket(target)
             print_soak(kind, soak)
             soaks.append((kind, soak))
     total = sum(len(s.violations) for _, s in soaks)
@@ -697,20 +755,108 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if total else 0
 
 
-def _empty_bucket(target: Target) -> int:
-    """Remove the run's bucket and everything in it; how many packed segments it held."""
+ROLES = ("head", "entry", "segment", "unnamed", "probe", "other")
+
+
+def by_role(target: Target, failures: Counter[str]) -> dict[str, set[str]]:
+    """Every key of the run's bucket by role: what a head names, what none does, probes."""
     client = target.client
-    segments = 0
+    found: dict[str, set[str]] = {role: set() for role in ROLES}
+    heads: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket):
+        for item in page.get("Contents", []):
+            key = item["Key"]
+            if key.startswith(f"{PREFIX}/probes/"):
+                found["probe"].add(key)
+            elif key.startswith(f"{PREFIX}/heads/") and key.endswith(".json"):
+                heads.append(key.removeprefix(f"{PREFIX}/heads/").removesuffix(".json"))
+            elif not key.startswith(f"{PREFIX}/states/"):
+                found["other"].add(key)
+    store = separate_process(
+        S3Store(target.bucket, PREFIX, endpoint_url=target.endpoint, client=target.client)
+    )
+    try:
+        for state_id in heads:
+            for obj in tried(failures, store.objects, state_id):
+                found[obj.role].add(obj.key)
+        named = set().union(*(found[r] for r in ("head", "entry", "segment", "unnamed")))
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=target.bucket, Prefix=f"{PREFIX}/states/"
+        ):
+            for item in page.get("Contents", []):
+                if item["Key"] not in named:  # a folder of a State without a head
+                    found["unnamed"].add(item["Key"])
+    finally:
+        store.close()
+    return found
+
+
+def sweep_and_check(soak: Soak) -> None:
+    """What the kills left, swept: only what no head names goes, and every State still loads.
+
+    Prints the objects by role before and after ``sweep(older_than=0)`` (nothing runs any
+    more, so every object no head names is a leftover); any other outcome is a violation.
+    """
+    target = soak.target
+    failures = soak.failures
+    before = by_role(target, failures)
+    store = separate_process(
+        S3Store(target.bucket, PREFIX, endpoint_url=target.endpoint, client=target.client)
+    )
+    same = 0
+    try:
+        removed = set(tried(failures, store.sweep, 0))
+        after = by_role(target, failures)
+        expected = before["unnamed"] | before["probe"]
+        if removed != expected:
+            soak.violations.append(
+                f"sweep removed {len(removed)} keys, {len(expected)} were named by no head or "
+                f"probes: {sorted(removed ^ expected)[:5]}"
+            )
+        for role in ("unnamed", "probe", "other"):
+            if after[role]:
+                soak.violations.append(f"after the sweep, {role}: {sorted(after[role])[:5]}")
+        for watch in soak.watches:
+            try:
+                record = tried(failures, store.read, watch.state_id)
+            except Exception as e:
+                soak.violations.append(f"{watch.state_id}: after the sweep, {describe(e)}")
+                continue
+            stored = {e["seq"]: canonical(e) for e in record.entries} if record else {}
+            if stored == watch.seen:
+                same += 1
+            else:
+                soak.violations.append(
+                    f"{watch.state_id}: after the sweep, {len(stored)} entries stored, "
+                    f"{len(watch.seen)} seen by the last check"
+                )
+    finally:
+        store.close()
+    counts = ", ".join(f"{role} {len(before[role])}" for role in ROLES if role != "other")
+    print(
+        f"s3   left by the soak: {counts}; sweep(older_than=0) removed {len(removed)}; "
+        f"{same} of {len(soak.watches)} States load what the last check saw",
+        flush=True,
+    )
+
+
+def describe(error: BaseException) -> str:
+    """An error's type and the first line of its message."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def _empty_bucket(target: Target) -> None:
+    """Remove the run's bucket and everything in it."""
+    client = target.client
     while True:
         found = client.list_objects_v2(Bucket=target.bucket)
         keys = [{"Key": item["Key"]} for item in found.get("Contents", [])]
         if not keys:
             break
-        segments += sum("/packed/" in key["Key"] for key in keys)
         client.delete_objects(Bucket=target.bucket, Delete={"Objects": keys})
     client.delete_bucket(Bucket=target.bucket)
     client.close()
-    return segments
 
 
 if __name__ == "__main__":

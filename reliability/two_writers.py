@@ -4,24 +4,28 @@
                                       [--mode sync|async|both] [--locking yes|no|auto]
                                       [--scenario NAME ...] [--no-watch]
 
-Each scenario sets up a fresh State through the public API, gives it to two writers (two
-``S3Store`` objects, which S3 cannot tell from two processes), plays its script, then checks
-what the docs promise (docs/s3.md, "Two processes, one State"):
+Each scenario sets up a fresh State through the public API, gives it to two writers, plays
+its script, then checks what docs/protocol.md promises ("What each request may see"). Every
+S3Store object of one process shares what the process knows of each State (the head its next
+save is conditional on), so a writer here is a store made a process of its own with
+``alpineagents_s3.testing.separate_process``: two of them are two processes to the store, and
+S3 cannot tell them from two either.
 
 * race: both writers loaded the State; each adds messages and both save at once (two threads
-  released by a barrier). One save returns, the other raises ``ConcurrentWriteError``. A third
-  process loads the State all along (unless ``--no-watch``): no load fails or reads an entry
-  of the loser's save.
-* stale-copy: A saves a message; B, holding a copy from before (loaded through another store
-  object, or through A's own), saves messages: ``ConcurrentWriteError``.
-* data-only: A saves a change of ``data`` alone; B, holding a copy from before, saves a
-  message, a message and ``data``, or ``data`` alone: ``ConcurrentWriteError``.
-* delete: an Agent runs the State; its tool deletes the State through another store object.
-  A tool result committed alone may return (no request tells the store object); the run's
-  next save with a snapshot raises ``StateNotFoundError`` at the latest, and nothing is left
-  in the bucket.
-* create-race: two writers create a State with the same id at once: one save returns, the
-  other raises ``StateExistsError``.
+  released by a barrier). One head PUT lands, the other save raises ``ConcurrentWriteError``.
+  A third process loads the State all along (unless ``--no-watch``): no load fails or reads an
+  entry of the loser's save.
+* stale-copy: A saves a message; B, holding a copy from before, saves messages:
+  ``ConcurrentWriteError``. B is another process (its head PUT's ``If-Match`` is stale), or on
+  odd trials a second copy in A's own process: that one is refused by its entries (the head
+  has other entries at the seqs it sends again, invariant 6), not by the ETag.
+* data-only: A saves a change of ``data`` alone; B, another process holding a copy from
+  before, saves a message, a message and ``data``, or ``data`` alone: ``ConcurrentWriteError``.
+* delete: an Agent runs the State; its tool deletes the State through another process. Every
+  save after the delete raises ``StateNotFoundError``: each tool result saved alone, the run,
+  a later save; nothing is left in the bucket and the State is not listed.
+* create-race: two processes create a State with the same id at once: one save returns, the
+  other raises ``StateExistsError`` and removes what it wrote.
 
 After each trial (both writers done): a reader with a store of its own loads the State and
 finds exactly the winner's history and data, seqs 0, 1, 2, … with no gap; the loser's save,
@@ -65,7 +69,7 @@ from alpineagents import (
 )
 from alpineagents.testing import FunctionModel, call
 from alpineagents_s3 import S3Store
-from alpineagents_s3.testing import embedded_moto
+from alpineagents_s3.testing import embedded_moto, separate_process
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -106,8 +110,9 @@ class Outcome:
 class Server:
     """The S3 endpoint the trials run against, and a bucket of their own on it.
 
-    ``client`` is one boto3 client that every store object shares (S3 cannot tell two store
-    objects from two processes either way; a client each would cost most of the run's CPU).
+    ``client`` is one boto3 client that every store object's sync calls share (what a store
+    knows of a State is kept apart by ``separate_process``, not by the client; a client each
+    would cost most of the run's CPU).
     """
 
     endpoint: str
@@ -124,25 +129,30 @@ class Server:
         return self.mode
 
     def keys(self, state_id: str) -> list[str]:
-        """Every object under the State's prefix, listed without the store."""
-        found = self.client.list_objects_v2(Bucket=self.bucket, Prefix=f"{PREFIX}/{state_id}/")
-        return [item["Key"] for item in found.get("Contents", [])]
+        """The State's head and every object in its folder, listed without the store."""
+        found = []
+        for prefix in (f"{PREFIX}/heads/{state_id}.json", f"{PREFIX}/states/{state_id}/"):
+            listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+            found += [item["Key"] for item in listed.get("Contents", [])]
+        return found
 
 
 class Process:
-    """One writer: a store object of its own, and for the async API an event loop of its own.
+    """One process: a store with a memory of its own, and for the async API an event loop.
 
     The async methods run on that loop (on a thread), as in a process that keeps one loop, so
-    the store opens its async client once.
+    the store opens its async client once. Its first save checks the engine, as a process does.
     """
 
     def __init__(self, server: Server, mode: Mode) -> None:
-        self.store = S3Store(
-            server.bucket,
-            PREFIX,
-            endpoint_url=server.endpoint,
-            region_name="us-east-1",
-            client=server.client,
+        self.store = separate_process(
+            S3Store(
+                server.bucket,
+                PREFIX,
+                endpoint_url=server.endpoint,
+                region_name="us-east-1",
+                client=server.client,
+            )
         )
         self.mode = mode
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -448,7 +458,8 @@ def race(server: Server, trial: int, state_id: str) -> Outcome:
                 for who, error in zip("AB", results, strict=True):
                     expect_error(f"writer {who}", error, ConcurrentWriteError)
                 expect_stored(server, state_id, [TASK], {}, "after both were refused")
-                # Nothing is lost, but one of the two must land (the claim decides).
+                # Nothing is lost, but both head PUTs were conditional on the same ETag: one
+                # of the two must land.
                 raise Violation("both saves were refused")
 
             return judged("both refused", nobody, expected=False)
@@ -464,7 +475,11 @@ def race(server: Server, trial: int, state_id: str) -> Outcome:
 def stale_copy(server: Server, trial: int, state_id: str) -> Outcome:
     """A saves 1-2 messages; B, from a copy loaded before, saves 1-3 messages. A wins.
 
-    B's copy comes from another store object, or (odd trials) from A's own.
+    B is another process, or (odd trials) a second copy loaded in A's own process. In one
+    process the base of B's save is A's head (the process's memory is one writer's), so no
+    ETag tells the copies apart; B's save is refused because it sends entries again at seqs
+    where A's head has others (invariant 6: append only). A copy in A's process that saved
+    ``data`` alone would replace A's snapshot: the limit of one process, not tried here.
     """
     own = trial % 2 == 1
     with processes(server, server.mode_of(trial), 3) as (setup, a, b):
@@ -485,11 +500,15 @@ def stale_copy(server: Server, trial: int, state_id: str) -> Outcome:
 
         refused = a_error is None and isinstance(b_error, ConcurrentWriteError)
         kind = "B refused" if refused else "B not refused"
-        return judged(kind + (" (A's store object)" if own else ""), check, expected=refused)
+        return judged(kind + (" (same process)" if own else ""), check, expected=refused)
 
 
 def data_only(server: Server, trial: int, state_id: str) -> Outcome:
-    """A saves a change of data alone; B, from a copy loaded before, saves. A wins."""
+    """A saves a change of data alone; B, another process with a copy from before, saves.
+
+    A wins: B's head PUT is conditional on the head before A's. (B in A's own process is left
+    out: a save of ``data`` alone carries no entry to tell an older copy by; see stale_copy.)
+    """
     variant = ("a message", "a message and data", "data alone")[trial % 3]
     with processes(server, server.mode_of(trial), 3) as (setup, a, b):
         setup.save(State(TASK, id=state_id, data={"step": 0}))
@@ -527,13 +546,13 @@ class _Catch(logging.Handler):
 
 
 def delete_during_run(server: Server, trial: int, state_id: str) -> Outcome:
-    """An Agent runs the State; its tool deletes it through another store object meanwhile.
+    """An Agent runs the State; its tool deletes it through another process meanwhile.
 
     The turn has one tool call, or (odd trials) two run at once, the second finishing after
-    the delete. A result committed alone (layout 3) returns or raises ``StateNotFoundError``;
-    the run raises ``StateNotFoundError`` by its next save with a snapshot (the reply that
-    stops it, at the latest), a later save with a snapshot raises it too, and nothing is left
-    under the id: what the store object committed alone is removed with it.
+    the delete. Every save after the delete raises ``StateNotFoundError`` (its head PUT's
+    ``If-Match`` meets no head): each tool result saved alone (the Agent logs it and goes on),
+    the run's next save, and a later one. Each removes the entry objects it wrote first, so
+    nothing is left under the id.
     """
     calls = 1 + trial % 2
     with processes(server, server.mode_of(trial), 3) as (setup, runner, other):
@@ -569,11 +588,15 @@ def delete_during_run(server: Server, trial: int, state_id: str) -> Outcome:
             agent_log.removeHandler(catcher)
 
         def check() -> None:
+            if len(alone) != calls:
+                raise Violation(
+                    f"{calls} tool result(s) saved alone after the delete, {len(alone)} refused"
+                )
             for error in alone:
                 expect_error("a tool result saved alone", error, StateNotFoundError)
             expect_error("the run", run_error, StateNotFoundError)
             expect_gone(server, other, state_id, "after the run")
-            # A save with a snapshot, later: refused, and nothing written.
+            # A later save: refused, and nothing written.
             state.add_user_message("after the delete")
             expect_error("a later save", attempt(runner, state), StateNotFoundError)
             expect_gone(server, other, state_id, "after a later save")
@@ -603,10 +626,10 @@ def create_race(server: Server, trial: int, state_id: str) -> Outcome:
         winner, loser, error = pick(results, first, second)
 
         def check() -> None:
-            # The loser removed its entries: only the winner's objects are under the id.
-            kinds = sorted({obj.kind for obj in winner.process.store.objects(state_id)})
-            if kinds != ["entry", "snapshot"]:
-                raise Violation(f"the kinds of object under the id after the race: {kinds}")
+            # The loser removed its entries: only the winner's head and entries are left.
+            roles = sorted({obj.role for obj in winner.process.store.objects(state_id)})
+            if roles != ["entry", "head"]:
+                raise Violation(f"the roles of the objects of the id after the race: {roles}")
             after_one_winner(server, state_id, winner, loser, error, StateExistsError)
 
         return judged("one winner", check, expected=isinstance(error, StateExistsError))

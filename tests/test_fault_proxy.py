@@ -3,9 +3,11 @@
 First the instrument: each fault of reliability/_proxy.py, played on every request of a plain
 boto3 client without retries, does what its name says (whether S3 applied the write, what
 the client sees). Then reliability/fault_proxy.py, which starts moto's ThreadedMotoServer and
-its proxy itself, run as a real process for some hundreds of faults of every kind, which
-must give no violation; and once with the proxy acknowledging PUTs it never forwards (saves
-that are acknowledged and lost), which the runner must report, exiting 1.
+its proxy itself, run as a real process for some hundreds of faults of every kind, with
+readers and a lister, which must give no violation; once with the proxy acknowledging PUTs it
+never forwards (saves that are acknowledged and lost), and once with a store whose list
+silently leaves a State out and whose delete leaves objects behind: the runner must report
+each, exiting 1.
 """
 
 from __future__ import annotations
@@ -101,6 +103,33 @@ def test_each_fault_does_what_it_says(
         proxy.stop()
 
 
+def test_a_cut_answer_breaks_off_mid_body(moto_url: str, moto: S3Client) -> None:
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config
+
+    proxy_module = load_proxy_module()
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    moto.create_bucket(Bucket=bucket)
+    moto.put_object(Bucket=bucket, Key="k", Body=b"0123456789" * 10)
+    plan = proxy_module.Plan(rate=1.0, late_seconds=1.0, kinds=("cut",))
+    proxy = proxy_module.FaultProxy(moto_url, plan, seed=7)
+    proxy.start()
+    config = Config(retries={"total_max_attempts": 1}, read_timeout=5, connect_timeout=5)
+    client = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1", config=config)
+    try:
+        answer = client.get_object(Bucket=bucket, Key="k")  # the headers came whole
+        assert answer["ContentLength"] == 100
+        with pytest.raises(botocore.exceptions.BotoCoreError) as e:
+            answer["Body"].read()
+        assert type(e.value).__name__ == "ResponseStreamingError", repr(e.value)
+        with proxy.tally.lock:
+            assert proxy.tally.faults["cut"] == 1
+    finally:
+        client.close()
+        proxy.stop()
+
+
 def test_a_request_marked_pass_meets_no_fault(moto_url: str, moto: S3Client) -> None:
     import boto3
     from botocore.config import Config
@@ -191,10 +220,12 @@ def figure(output: str, pattern: str) -> int:
 @pytest.mark.slow
 def test_over_a_hundred_faults_of_every_kind_lose_nothing_acknowledged() -> None:
     # 120 faults: every kind about 20 times; the run ends at that count, not at its bound.
-    # Two packers pack the States under way meanwhile, through the proxy too.
+    # Two readers read the States under way meanwhile, and a lister lists them, through the
+    # proxy too; every State is deleted through it at its end.
     # (reliability/fault_proxy.py runs for longer: docs/reliability.md, "The last long runs".)
     done = run(
-        "--faults", "120", "--seconds", "25", "--rate", "0.3", "--workers", "12", "--pack", "0.05"
+        "--faults", "120", "--seconds", "25", "--rate", "0.3", "--workers", "12",
+        "--read", "0.05", "--list", "0.2",
     )  # fmt: skip
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
@@ -213,23 +244,45 @@ def test_over_a_hundred_faults_of_every_kind_lose_nothing_acknowledged() -> None
     assert errors, out
     if int(errors.group(1)):
         assert re.fullmatch(r"S3StoreError \d+", errors.group(2)), errors.group(2)
-    # Packs and packing reads ran (those that failed, with documented errors only: else a
-    # violation above), and every State, deleted at its end, left nothing: a pack meeting the
-    # delete removed its own segments.
-    packs = re.search(
-        r"^packs: (\d+) packed \(.*\), (\d+) read with auto_pack=2; failed: (.*)$", out, re.M
+    # The direct saves packed: their States ended named by segments.
+    assert figure(out, r"^packed: (\d+) States were named by segments at their end") > 0
+    # Reads by both kinds of reader ran, each finding the State, or none (not created yet,
+    # deleted meanwhile), or failing with the documented error only (else a violation above).
+    reads = re.search(
+        r"^reads: (\d+) \(same process (\d+), other process (\d+)\): (.*)$", out, re.M
     )
-    assert packs, out
-    failed = [] if packs.group(3) == "none" else packs.group(3).split(", ")
-    why = r"\((not created yet|deleted meanwhile)\)"
-    documented = rf"(pack|read): (S3StoreError|StateNotFoundError {why}) \d+"
-    assert all(re.fullmatch(documented, f) for f in failed), failed
-    ran = int(packs.group(1)) + int(packs.group(2))
-    assert ran + sum(int(f.split()[-1]) for f in failed) >= 2, out
-    warned = re.search(r"^store warnings: .*$", out, re.M)
-    assert warned, out
-    if "could not remove leftover objects" not in warned.group(0):  # else a violation
-        assert figure(out, r"^objects left in the bucket: (\d+)") == 0
+    assert reads, out
+    assert int(reads.group(2)) > 0 and int(reads.group(3)) > 0, reads.group(0)
+    outcomes = reads.group(4).split(", ")
+    allowed = r"(found|none \((not created yet|deleted meanwhile)\)|S3StoreError) \d+"
+    assert all(re.fullmatch(allowed, o) for o in outcomes), outcomes
+    assert any(o.startswith("found ") for o in outcomes), outcomes
+    # Lists ran; each returned every State that existed throughout it, or named it.
+    lists = re.search(
+        r"^lists: (\d+) \(complete (\d+), IncompleteListError (\d+) naming (\d+) ids, "
+        r"S3StoreError (\d+)\); States that existed throughout a list: (\d+), each listed or "
+        r"named$",
+        out,
+        re.M,
+    )
+    assert lists, out
+    ran, complete, incomplete, _, failed, throughout = map(int, lists.groups())
+    assert ran == complete + incomplete + failed and ran > 0
+    assert throughout >= 5 * (complete + incomplete)  # the five States made at the start
+    # Every State was deleted through the proxy, and each delete finished with nothing left.
+    deletes = figure(out, r"^deletes: (\d+) \(")
+    assert deletes == figure(out, r"^States checked: (\d+) ")
+    # What the deletes kept (of creates whose head PUT failed) and probes left by a failed
+    # engine check were swept at the end: nothing else was left, and nothing after the sweep.
+    left = re.search(
+        r"^objects left after every State was deleted: (\d+) \((.*)\); sweep\(older_than=0\) "
+        r"removed (\d+); left after it: 0$",
+        out,
+        re.M,
+    )
+    assert left, out
+    assert "else" not in left.group(2)
+    assert int(left.group(1)) == int(left.group(3))
 
 
 @pytest.mark.slow
@@ -267,14 +320,90 @@ def test_a_state_that_failed_every_try_saves_once_faults_stop() -> None:
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert figure(out, r"^violations: (\d+)$") == 0
-    assert figure(out, r"^after 2 failed tries, saved once faults stopped: saves (\d+)") > 0
-    assert figure(out, r"^after 2 failed tries, .*, runs (\d+)$") > 0
+    assert figure(out, r"^after 2 failed tries, done once faults stopped: saves (\d+)") > 0
+    assert figure(out, r"^after 2 failed tries, .*, runs (\d+),") > 0
     assert figure(out, r"^botocore retries: (\d+);") == 0
 
 
+@pytest.mark.slow
+def test_lists_that_cannot_read_every_head_name_the_ids_they_could_not_read() -> None:
+    # No botocore retry: a fault on a head's GET fails it, so lists meet heads they cannot
+    # read. Each must raise IncompleteListError naming them (never return fewer silently).
+    done = run(
+        "--faults", "150", "--seconds", "40", "--rate", "0.3", "--workers", "4",
+        "--list", "0.1", "--max-attempts", "1",
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert figure(out, r"^violations: (\d+)$") == 0
+    assert figure(out, r"^lists: .*IncompleteListError (\d+) naming") > 0, out
+    assert figure(out, r"^lists: .*IncompleteListError \d+ naming (\d+) ids") > 0, out
+
+
+# A store whose list silently leaves out a State, and whose delete removes the head alone.
+BROKEN = """
+import sys
+sys.path.insert(0, {folder!r})
+import fault_proxy
+from alpineagents_s3 import S3Store
+
+real_list, real_alist = S3Store.list, S3Store.alist
+
+
+def silent_list(self, *args, **kwargs):
+    return real_list(self, *args, **kwargs)[:-1]
+
+
+async def silent_alist(self, *args, **kwargs):
+    return (await real_alist(self, *args, **kwargs))[:-1]
+
+
+def head_only(self, state_id, **kwargs):
+    self.client.delete_object(Bucket=self.bucket, Key=f"{{self.prefix}}heads/{{state_id}}.json")
+
+
+async def ahead_only(self, state_id, **kwargs):
+    head_only(self, state_id)
+
+
+S3Store.list, S3Store.alist = silent_list, silent_alist
+S3Store.delete, S3Store.adelete = head_only, ahead_only
+sys.exit(fault_proxy.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_the_runner_reports_a_list_that_leaves_a_state_out_and_a_delete_that_leaves_objects() -> (
+    None
+):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [
+            sys.executable, "-c", BROKEN.format(folder=str(RUNNER.parent)),
+            "--faults", "10", "--seconds", "8", "--rate", "0", "--workers", "2", "--list", "0.1",
+        ],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert re.search(
+        r"^  list: a list left out 1 States that existed throughout it without naming them "
+        r"\(complete\): ",
+        out,
+        re.M,
+    ), out
+    assert re.search(
+        r"^  w\d+-\d+-[0-9a-f]{6}: a delete left \d+ objects of the State \(returned at once\): ",
+        out,
+        re.M,
+    ), out
+    assert re.search(r"^objects left after every State was deleted: .*else \d+", out, re.M), out
+
+
+@pytest.mark.parametrize("option", ["--read", "--list"])
 @pytest.mark.parametrize("pause", ["-1", "nan"])
-def test_a_pause_between_packs_that_is_no_number_of_seconds_is_refused(pause: str) -> None:
-    done = run("--pack", pause, "--seconds", "1")
+def test_a_pause_that_is_no_number_of_seconds_is_refused(option: str, pause: str) -> None:
+    done = run(option, pause, "--seconds", "1")
     assert done.returncode == 2, done.stdout + done.stderr
-    assert f"--pack is a number of seconds, 0 for no packer, not {pause}" in done.stderr
+    assert f"{option} is a number of seconds, 0 for none, not {pause}" in done.stderr
     assert "fault proxy at" not in done.stdout  # refused before any server started
