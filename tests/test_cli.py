@@ -321,10 +321,15 @@ def test_sweep_removes_what_killed_processes_left(cli: Any, folder: Path, bucket
 
     url = f"s3://{bucket}/runs"
     client = boto3.client("s3")
-    key = f"runs/never-made/entries/{'ab' * 8}/0000000000.json"  # a create killed on S3
-    client.put_object(Bucket=bucket, Key=key, Body=b'{"seq": 0}')
+    inc = "ab" * 8
+    key = f"runs/states/never-made/{inc}/e0000000000.{inc}.json"  # a create killed on S3
+    mark = {"alpineagents-s3": "entry"}
+    client.put_object(Bucket=bucket, Key=key, Body=b'{"seq": 0}', Metadata=mark)
+    stranger = f"runs/states/never-made/{inc}/e0000000001.{inc}.json"  # not the store's
+    client.put_object(Bucket=bucket, Key=stranger, Body=b'{"seq": 1}')
     assert cli("sweep", url).out == ""  # younger than a day: maybe a create under way
     run = cli("sweep", url, "--older-than", "0s")
     assert run.out == f"removed {key}\n"
-    assert "Contents" not in client.list_objects_v2(Bucket=bucket, Prefix="runs/")
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="runs/")["Contents"]
+    assert [item["Key"] for item in listed] == [stranger]
     assert cli("sweep", url, "--older-than", "soon").status == EXIT_USAGE
