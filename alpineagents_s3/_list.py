@@ -9,7 +9,8 @@ With ``limit=k`` the heads are fetched newest first by ``LastModified`` (the tim
 save), and the list stops when the k newest ``updated_at`` found are at least a second newer
 than the ``LastModified`` of the next head (S3 gives it to the second): a save's
 ``updated_at`` is never later than the PUT of its head, so no head not fetched can be newer.
-That is k GETs, and a few more for States saved in the same second, when clocks agree.
+That is k GETs, then one wave of every head that could still be newer (saved in the same
+second as the k-th), when clocks agree: 2 or 3 rounds.
 """
 
 from __future__ import annotations
@@ -56,10 +57,15 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
     while candidates:
         if limit is None:
             wave, candidates = candidates, []
-        else:
-            if len(found) >= limit and _newest(found, limit) >= candidates[0][0] + _TICK:
+        elif len(found) < limit:
+            size = limit - len(found)
+            wave, candidates = candidates[:size], candidates[size:]
+        else:  # every head that could still be newer than the k-th found, in one wave
+            cutoff = _newest(found, limit) - _TICK
+            older = (n for n, (at, _) in enumerate(candidates) if at <= cutoff)
+            size = next(older, len(candidates))
+            if size == 0:
                 break
-            size = max(limit - len(found), 1)
             wave, candidates = candidates[:size], candidates[size:]
         ids = [state_id for _, state_id in wave]
         outcomes = yield from send([layout.get(layout.head_key(i)) for i in ids], layout.root)

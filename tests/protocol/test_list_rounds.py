@@ -1,0 +1,70 @@
+"""``list(limit=k)``: how many rounds of requests it takes, on the model bucket (no network).
+
+S3 gives ``LastModified`` to the second, so every head saved in the same second as the k-th
+newest may be newer than it; they are fetched in one wave, not one a round.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+from alpineagents_s3 import _list, _save
+from alpineagents_s3._memory import Ctx, Memory
+from alpineagents_s3._steps import Batch, Steps
+from tests.protocol.bucket import EPOCH, Bucket
+from tests.protocol.world import LAYOUT, SCOPE, counted_wids
+
+# (seconds after EPOCH of the head's LastModified, how many States saved in that second)
+SECONDS = [(1, 30), (2, 30), (4, 40)]
+
+
+def _snapshot(state_id: str, at: float) -> dict[str, Any]:
+    stamp = (EPOCH + timedelta(seconds=at)).isoformat()
+    return {
+        "v": 1,
+        "id": state_id,
+        "task": "t",
+        "entries": 0,
+        "data": {},
+        "stopped_by": None,
+        "created_at": stamp,
+        "updated_at": stamp,
+    }
+
+
+def _run(bucket: Bucket, steps: Steps[Any]) -> tuple[Any, int]:
+    """Run ``steps`` on ``bucket``; its value and how many batches (rounds) it sent."""
+    rounds = 0
+    try:
+        step = next(steps)
+        while True:
+            calls = step.calls if isinstance(step, Batch) else []
+            rounds += bool(calls)
+            step = steps.send([getattr(bucket, c.method)(**c.params) for c in calls])
+    except StopIteration as done:
+        return done.value, rounds
+
+
+def test_the_heads_of_the_kth_newest_second_come_in_one_wave() -> None:
+    bucket = Bucket(random.Random(1), page=1000)
+    ctx = Ctx(LAYOUT, Memory(), SCOPE, trust=True)
+    with counted_wids():
+        for second, count in SECONDS:
+            for n in range(count):
+                state_id = f"s{second}-{n}"
+                # A save's updated_at is taken before its head's PUT, within the same second.
+                snapshot = _snapshot(state_id, second + n / (2 * count))
+                _run(bucket, _save.write(ctx, state_id, [], snapshot, True))
+                bucket.objects[LAYOUT.head_key(state_id)][-1].tick = second
+    stamps = {f"s{sec}-{n}": sec + n / (2 * count) for sec, count in SECONDS for n in range(count)}
+    by_time = sorted(stamps, key=stamps.__getitem__, reverse=True)
+    for limit in (1, 5, 40, 41, 75):
+        found, rounds = _run(bucket, _list.list_states(ctx, limit))
+        assert [s.id for s in found] == by_time[:limit]
+        # The LIST, the first k heads, then at most one wave of every head that may be newer
+        # than the k-th (one a round, before: 40 rounds for limit=1).
+        assert rounds <= 3, (limit, rounds)
+    everything, rounds = _run(bucket, _list.list_states(ctx))
+    assert len(everything) == 100 and rounds == 2
