@@ -19,7 +19,9 @@ none of the operation's was in flight.
   sent, next to the bytes of the entries the turn added; and the saves of the N-entry build
   (packing included). ``--peer``: the same turn by Strands Agents' S3SessionManager
   (``bash bench/peer/setup.sh`` first).
-- **List**: ``list()`` and ``list(limit=20)`` of S States, each made by a save.
+- **List**: ``list()`` and ``list(limit=20)`` of S States, each made by a save, in a burst;
+  then ``list(limit=20)`` again after 25 more States saved a second apart (S3 dates a head to
+  the second, so a burst makes the newest 20 uncertain among all of their second).
 - **Delete, sweep**: a 1,067-entry State deleted; a sweep over 51 States.
 
 ``--json`` prints the figures as one JSON object instead of the tables.
@@ -357,38 +359,45 @@ def build_cost(moto: str, n: int) -> dict[str, Any]:
     }
 
 
-def listing(moto: str, proxy: str, states: int) -> list[dict[str, Any]]:
-    """``list()`` and ``list(limit=20)`` of ``states`` States, through the proxy."""
+def listing(moto: str, proxy: str, states: int, limit: int, spaced: int) -> list[dict[str, Any]]:
+    """``list()`` and ``list(limit=...)`` of ``states`` States, through the proxy; then again
+    after ``spaced`` more States saved a second apart."""
     prefix = f"list-{states}"
     progress(f"making {states} States")
     maker = store(moto, prefix)
     snapshot = {"v": 1, "task": "t", "entries": 1, "data": {}, "stopped_by": None}
 
-    def make(i: int) -> None:
+    def make(i: int, name: str = "s") -> None:
         stamp = datetime.now(UTC).isoformat()  # as a core sets it: the time of the save
-        small = {**snapshot, "id": f"s{i}", "created_at": stamp, "updated_at": stamp}
+        small = {**snapshot, "id": f"{name}{i}", "created_at": stamp, "updated_at": stamp}
         entry = {"v": 1, "seq": 0, "kind": "task", "text": "t", "at": stamp, "data": {}}
-        maker.write(f"s{i}", [entry], small, create=True)
+        maker.write(f"{name}{i}", [entry], small, create=True)
 
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(make, range(states)))
-    rows = []
-    for limit in (None, 20):
+    def measure(newest: int | None, name: str) -> dict[str, Any]:
         meter = Meter()
         lister = store(proxy, prefix, meter)
-        lister.list(limit=limit)  # fills the proxy's memory
+        lister.list(limit=newest)  # fills the proxy's memory
         meter.clear()
-        wall, _ = timed(lambda: lister.list(limit=limit), 1)  # noqa: B023 - run at once
-        name = "list()" if limit is None else "list(limit=20)"
+        wall, _ = timed(lambda: lister.list(limit=newest), 1)
+        return {
+            "states": states,
+            "row": name,
+            "wall_ms": wall * 1000,
+            "rounds": meter.rounds,
+            "requests": dict(meter.requests),
+            "shown": meter.shown(),
+        }
+
+    with ThreadPoolExecutor(16) as pool:  # a burst: S3 dates a head to the second
+        list(pool.map(make, range(states)))
+    rows = [measure(None, "list()"), measure(limit, f"list(limit={limit}), all saved in a burst")]
+    if spaced:  # the newest, as the States a few runs are updating would be
+        progress(f"making {spaced} more States, a second apart")
+        for i in range(spaced):
+            time.sleep(1.05)
+            make(i, "late-")
         rows.append(
-            {
-                "states": states,
-                "row": name,
-                "wall_ms": wall * 1000,
-                "rounds": meter.rounds,
-                "requests": dict(meter.requests),
-                "shown": meter.shown(),
-            }
+            measure(limit, f"list(limit={limit}), the newest {spaced} saved a second apart")
         )
     return rows
 
@@ -541,6 +550,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entries", default="1000", help="history lengths, comma-separated")
     parser.add_argument("--states", default="1000", help="how many States to list")
+    parser.add_argument("--limit", type=int, default=20, help="the newest States to list")
+    parser.add_argument("--spaced", type=int, default=25, help="States saved a second apart")
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--repeat", type=int, default=5, help="loads timed a row")
     parser.add_argument("--turns", type=int, default=5)
@@ -558,7 +569,9 @@ def main() -> None:
         figures["turn"] = turns(moto, args.turns)
         figures["build"] = [build_cost(moto, n) for n in sizes]
         figures["peer"] = peer_turns(moto, args.turns) if args.peer else None
-        figures["list"] = [r for n in counts for r in listing(moto, proxy, n)]
+        figures["list"] = [
+            row for n in counts for row in listing(moto, proxy, n, args.limit, args.spaced)
+        ]
         progress("delete and sweep")
         figures["tidy"] = tidy(moto, proxy)
     print(json.dumps(figures) if args.json else tables(figures))

@@ -12,6 +12,10 @@
 # (its tests are then skipped). Both steps run in $ALPINEAGENTS_TEST_WORKERS pytest-xdist workers
 # (default 3, on 2 cores: many tests wait on the processes and servers they start; 0 runs them
 # in one process). Extra arguments go to the pytest of step 1.
+#
+# --fast: the inner loop (under 2 minutes): set-up, then step 1's tests that start no process,
+# server or emulator (`-m "not slow and not integration and not server"`), the model checker
+# and its mutation run among them; no published core, no LocalStack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${ALPINEAGENTS_VENV:-.venv}
@@ -26,6 +30,11 @@ quiet() {  # pip, without the warnings of a pip configuration naming folders tha
 # The plugin's wheel, built from this checkout by setup.sh (again only when the plugin, its
 # packaging or pyproject.toml changed) and installed into every virtualenv.
 ALPINEAGENTS_VENV=$venv bash scripts/setup.sh
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    exec "$venv/bin/python" -m pytest -n "${ALPINEAGENTS_TEST_WORKERS:-2}" \
+        -m "not slow and not integration and not server" "$@"
+fi
 plugin=$(cd "$venv/wheel" && ls "$PWD"/alpineagents_s3-*.whl)  # absolute: a file:// URL below
 
 for core in $published; do
