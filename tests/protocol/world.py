@@ -315,7 +315,7 @@ class World:
             for _ in range(2 if how == "two" else 1):
                 copy.entries.append(_entry(len(copy.entries), mark))
         if how != "entries":
-            copy.snapshot = self._snapshot(mark, len(copy.entries))
+            copy.snapshot = _snap(mark, len(copy.entries), self.counter)
             copy.snapshot_saved = False
         if copy.saved and self.choose.pick([0, 0, 0, 1]):
             copy.saved -= 1  # an entry sent again, as after a save whose answer was lost
@@ -330,19 +330,6 @@ class World:
             None if snapshot is None else json.dumps(snapshot, sort_keys=True),
         )
         return op
-
-    def _snapshot(self, mark: str, count: int) -> dict[str, Any]:
-        at = (EPOCH + timedelta(seconds=self.counter)).isoformat()
-        return {
-            "v": 1,
-            "id": ID,
-            "task": "t",
-            "entries": count,
-            "data": {"save": mark},
-            "stopped_by": None,
-            "created_at": EPOCH.isoformat(),
-            "updated_at": at,
-        }
 
     def _sweep_now(self) -> datetime:
         """A sweep's "now": no object of an operation under way is older (the age guard)."""
@@ -672,16 +659,17 @@ def _entries(first: int, last: int, by: str) -> list[dict[str, Any]]:
     return [_entry(seq, by) for seq in range(first, last)]
 
 
-def _snap(by: str, count: int) -> dict[str, Any]:
+def _snap(by: str, count: int, at: int = 0) -> dict[str, Any]:
+    """A snapshot of ``count`` entries, saved by ``by``, updated ``at`` seconds after EPOCH."""
     return {
         "v": 1,
         "id": ID,
         "task": "t",
         "entries": count,
-        "data": {"by": by},
+        "data": {"save": by},
         "stopped_by": None,
         "created_at": EPOCH.isoformat(),
-        "updated_at": EPOCH.isoformat(),
+        "updated_at": (EPOCH + timedelta(seconds=at)).isoformat(),
     }
 
 
