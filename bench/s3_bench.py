@@ -252,7 +252,9 @@ def resume(moto: str, proxy: str, n: int, repeat: int) -> list[dict[str, Any]]:
 
     cold()  # the proxy's memory is filled: moto's CPU does not count below
     count = len(loaded[0].history)
-    size = sum(len(json.dumps(e)) for e in store(moto, "runs").read(state_id).entries)  # type: ignore[union-attr]
+    record = store(moto, "runs").read(state_id)
+    assert record is not None
+    size = sum(len(json.dumps(e)) for e in record.entries)
     meter.clear()
     wall, cpu = timed(cold, repeat)
     rows.append(row(n, count, "S3Store, cold", wall, cpu, meter, repeat, size))

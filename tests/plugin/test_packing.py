@@ -102,6 +102,7 @@ def test_a_long_state_the_core_saved_loads_the_same_and_saves_on(
 ) -> None:
     core: Any = alpineagents  # the 0.5+ calls are not this repository's core's
     store = make_store()
+    add: Callable[[str], Any]
     if "messages" in inspect.signature(core.State).parameters:  # 0.5+
         state = core.State(id="chat", messages=[core.Message.user("hello")])
         add = lambda text: state.add_message(core.Message.user(text))  # noqa: E731
@@ -114,7 +115,9 @@ def test_a_long_state_the_core_saved_loads_the_same_and_saves_on(
         saver = core.Agent(model=core.testing.FakeModel([]), store=store, reporter=None)
     else:  # this repository's core
         saver = core.Agent(model=core.testing.TestModel(), store=store)
-    save = saver.save if mode == "sync" else lambda s: asyncio.run(saver.asave(s))
+    save: Callable[[Any], Any] = (
+        saver.save if mode == "sync" else lambda s: asyncio.run(saver.asave(s))
+    )
     save(state)
     for n in range(40):
         add(f"message {n}: " + "\u00e9" * 50)

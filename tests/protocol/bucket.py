@@ -177,8 +177,8 @@ class Bucket:
         return response
 
     def list_object_versions(self, Prefix: str, **_: Any) -> dict[str, Any]:
-        versions: list[dict[str, str]] = []
-        markers: list[dict[str, str]] = []
+        versions: list[dict[str, Any]] = []
+        markers: list[dict[str, Any]] = []
         for key, found in self.objects.items():
             if key.startswith(Prefix):
                 for v in found:

@@ -14,9 +14,9 @@ from alpineagents import State
 from alpineagents.errors import CorruptStateError, SchemaVersionError
 from alpineagents.testing import StoreIO
 from alpineagents_s3 import IncompleteListError
+from tests.corrupt_cases import CASES, ID, Case, case_id, damage
 from tests.helpers import Mode
 from tests.s3.helpers import Stores
-from tests.corrupt_cases import CASES, ID, Case, case_id, damage
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from alpineagents import State
-from alpineagents_s3 import S3AccessDeniedError, S3Store
+from alpineagents_s3 import Deleted, S3AccessDeniedError, S3Store
 from alpineagents_s3.testing import separate_process
 from tests.helpers import MakeBucket, Mode, tool_turn
 from tests.s3.helpers import Stores, raw_client
@@ -28,8 +28,8 @@ def versions_of(client: S3Client, bucket: str, state_id: str) -> list[tuple[str,
     found = []
     for prefix in (f"runs/heads/{state_id}.json", f"runs/states/{state_id}/"):
         listed = client.list_object_versions(Bucket=bucket, Prefix=prefix)
-        for kind in ("Versions", "DeleteMarkers"):
-            found += [(v["Key"], v["VersionId"]) for v in listed.get(kind, ())]
+        found += [(v["Key"], v["VersionId"]) for v in listed.get("Versions", [])]
+        found += [(v["Key"], v["VersionId"]) for v in listed.get("DeleteMarkers", [])]
     return found
 
 
@@ -54,7 +54,7 @@ async def test_a_purge_leaves_no_version_of_the_state(
     assert len(before) > 11 if versioned else len(before) >= 2
 
     report = await io.delete_with("gdpr", purge=True)
-    assert report is not None and "gdpr" in str(report)
+    assert isinstance(report, Deleted) and "gdpr" in str(report)
     assert versions_of(moto, bucket, "gdpr") == []
     assert report.versions >= len(before) if versioned else report.versions == 0
     assert [s.id for s in await io.list()] == ["other"]

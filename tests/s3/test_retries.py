@@ -43,7 +43,8 @@ def test_throttling_and_5xx_are_retried_by_botocore(moto_url: str, moto_bucket: 
     bucket = moto_bucket()
     log, slow = RequestLog(), Throttle(times=1)
     hooks: dict[str, Callable[..., Any]] = {**log.hooks, "before-send.s3.PutObject": slow}
-    trust = {"trust_conditional_writes": True}  # no engine check: its requests not counted
+    # No engine check: its requests are not counted.
+    trust: dict[str, Any] = {"trust_conditional_writes": True}
     with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=hooks, **trust) as store:
         store.write("s", entry_dicts(0, 1), snapshot_dict("s", 1), create=True)
         assert log.counts() == {"PUT": 3}  # a 503 SlowDown, then the entry and the head
@@ -53,7 +54,7 @@ def test_throttling_and_5xx_are_retried_by_botocore(moto_url: str, moto_bucket: 
     hooks = {"before-send.s3.PutObject": Throttle(times=10)}
     config = Config(retries={"mode": "standard", "total_max_attempts": 2})
     options = {"event_hooks": hooks, "config": config, **trust}
-    with S3Store(bucket, "runs", endpoint_url=moto_url, **options) as store:  # type: ignore[arg-type]
+    with S3Store(bucket, "runs", endpoint_url=moto_url, **options) as store:
         with pytest.raises(S3StoreError, match=r"s3://.*/runs/states/t/.*SlowDown.*HTTP 503"):
             store.write("t", entry_dicts(0, 1), snapshot_dict("t", 1), create=True)
 
