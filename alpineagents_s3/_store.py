@@ -3,6 +3,9 @@
 Every operation is a generator of steps (``_save``, ``_load``, ``_list``, ``_delete``,
 ``_sweep``, ``_engine``); this class checks its arguments, knows its identity and hands the
 steps to the sync or the async driver. Nothing here decides what is sent.
+
+(Over 400 lines: the public class, with the sync and the async twin of every method side by
+side and the docstrings users read; each method is a line or two that hands its steps on.)
 """
 
 from __future__ import annotations
