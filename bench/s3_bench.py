@@ -559,6 +559,22 @@ def tables(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def stale_plugin() -> list[str]:
+    """The modules of the imported alpineagents_s3 that differ from this checkout's."""
+    import alpineagents_s3
+
+    installed = Path(alpineagents_s3.__file__).parent
+    checkout = HERE.parent / "alpineagents_s3"
+    if installed == checkout or not checkout.is_dir():
+        return []
+    return [
+        mine.name
+        for mine in sorted(checkout.glob("*.py"))
+        if not (installed / mine.name).is_file()
+        or (installed / mine.name).read_bytes() != mine.read_bytes()
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entries", default="1000", help="history lengths, comma-separated")
@@ -571,6 +587,12 @@ def main() -> None:
     parser.add_argument("--peer", action="store_true", help="the peer's turn too")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    stale = stale_plugin()
+    if stale:
+        sys.exit(
+            "s3_bench.py: the installed alpineagents_s3 is not this checkout's (it differs in "
+            f"{', '.join(stale)}): run bash scripts/setup.sh, which installs it from here"
+        )
     for name, value in CREDENTIALS.items():
         os.environ.setdefault(name, value)
     sizes = [int(n) for n in args.entries.split(",") if n]
