@@ -21,8 +21,8 @@ from alpineagents import State, open_store
 from alpineagents_s3 import S3Store, StoreClosedError
 from alpineagents_s3._keys import Layout
 from alpineagents_s3.testing import RequestLog, embedded_moto
-from tests.helpers import MakeBucket, entry_dicts, snapshot_dict
-from tests.s3.helpers import ClientsSeen, body
+from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict
+from tests.s3.helpers import ClientsSeen, Stores, body
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -327,3 +327,47 @@ def test_the_async_side_follows_the_sync_sessions_profile(
 
     asyncio.run(alist())
     assert seen.clients == 2 and seen.regions == ["eu-west-3", "eu-west-3"]
+
+
+# What list() costs ---------------------------------------------------------------------------
+
+
+async def _list_costs(stores: Stores, mode: Mode) -> None:
+    """40 States made in a burst, then 3 a second apart: list() is a LIST and a GET a State;
+    list(limit=2) a LIST and 2 GETs, since S3's dates tell the newest apart (issue 37)."""
+    maker = stores.io(mode)
+    for n in range(40):
+        stamp = datetime.now(UTC).isoformat()
+        await maker.write(
+            f"burst-{n}", [], snapshot_dict(f"burst-{n}", 0, updated_at=stamp), create=True
+        )
+    for n in range(3):
+        await asyncio.sleep(1.05)
+        stamp = datetime.now(UTC).isoformat()
+        await maker.write(
+            f"late-{n}", [], snapshot_dict(f"late-{n}", 0, updated_at=stamp), create=True
+        )
+    log = RequestLog()
+    lister = stores.io(mode, event_hooks=log.hooks)
+    everything = await lister.list()
+    assert len(everything) == 43 and [s.id for s in everything[:3]] == [
+        "late-2",
+        "late-1",
+        "late-0",
+    ]
+    assert log.counts() == {"LIST": 1, "GET": 43}
+    log.requests.clear()
+    newest = await lister.list(limit=2)
+    assert [s.id for s in newest] == ["late-2", "late-1"]
+    assert log.counts() == {"LIST": 1, "GET": 2}
+
+
+async def test_list_costs_a_list_and_a_get_a_state_and_limit_k_gets(
+    mode: Mode, stores: Stores
+) -> None:
+    await _list_costs(stores, mode)
+
+
+@pytest.mark.integration
+async def test_list_costs_the_same_on_localstack(mode: Mode, localstack: Stores) -> None:
+    await _list_costs(localstack, mode)
