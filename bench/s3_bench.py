@@ -369,11 +369,11 @@ def listing(moto: str, proxy: str, states: int, limit: int, spaced: int) -> list
     maker = store(moto, prefix)
     snapshot = {"v": 1, "task": "t", "entries": 1, "data": {}, "stopped_by": None}
 
-    def make(i: int, name: str = "s") -> None:
+    def make(i: int, name: str = "s", through: S3Store = maker) -> None:
         stamp = datetime.now(UTC).isoformat()  # as a core sets it: the time of the save
         small = {**snapshot, "id": f"{name}{i}", "created_at": stamp, "updated_at": stamp}
         entry = {"v": 1, "seq": 0, "kind": "task", "text": "t", "at": stamp, "data": {}}
-        maker.write(f"{name}{i}", [entry], small, create=True)
+        through.write(f"{name}{i}", [entry], small, create=True)
 
     def measure(newest: int | None, name: str, count: int = states) -> dict[str, Any]:
         meter = Meter()
@@ -395,9 +395,10 @@ def listing(moto: str, proxy: str, states: int, limit: int, spaced: int) -> list
     rows = [measure(None, "list()"), measure(limit, f"list(limit={limit}), all saved in a burst")]
     if spaced:  # the newest, as the States a few runs are updating would be
         progress(f"making {spaced} more States, a second apart")
+        late = store(proxy, prefix)  # through the proxy: its memory of the listing goes
         for i in range(spaced):
             time.sleep(1.05)
-            make(i, "late-")
+            make(i, "late-", late)
         rows.append(
             measure(
                 limit,
