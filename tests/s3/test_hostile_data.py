@@ -354,7 +354,7 @@ async def behind_the_back(stores: Stores, mode: Mode, state_id: str) -> State:
     client = raw_client(stores.url)
     try:
         found = {
-            int(o.key.split("/e")[1][:10]): o.key
+            int(o.key.rsplit("/", 1)[1][1:11]): o.key
             for o in await objects(stores.io(mode), state.id)
             if o.role == "entry"
         }
