@@ -101,7 +101,11 @@ def state_keys(s3: Any, bucket: str, state_id: str) -> list[str]:
 
 
 def entry_objects(s3: Any, bucket: str, state_id: str) -> list[str]:
-    return [k for k in keys(s3, bucket, f"runs/states/{state_id}/") if k.rsplit("/", 1)[1].startswith("e")]
+    return [
+        k
+        for k in keys(s3, bucket, f"runs/states/{state_id}/")
+        if k.rsplit("/", 1)[1].startswith("e")
+    ]
 
 
 # Write and read --------------------------------------------------------------------------
