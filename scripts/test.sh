@@ -8,6 +8,10 @@
 #    release from the package index and the same plugin wheel: tests/plugin, the plugin's suite
 #    written against the Store contract alone (conformance on moto's server, and that core's
 #    own Agent killed mid-tool and resumed from the bucket).
+# 3. The same suite's sync half on the oldest boto3 and botocore the plugin allows (1.40.0,
+#    without the [async] extra, whose aioboto3 needs a later botocore), with the first
+#    published core: the plugin's use of botocore (its shared models loader, its event hooks)
+#    is tested at the floor it declares, as steps 1 and 2 test it at the newest.
 # LocalStack (on 127.0.0.1, no Docker) runs for step 1; ALPINEAGENTS_NO_LOCALSTACK=1 skips it
 # (its tests are then skipped). Both steps run in $ALPINEAGENTS_TEST_WORKERS pytest-xdist workers
 # (default 3, on 2 cores: many tests wait on the processes and servers they start; 0 runs them
@@ -21,6 +25,7 @@ cd "$(dirname "$0")/.."
 venv=${ALPINEAGENTS_VENV:-.venv}
 published=${PUBLISHED_CORES:-"0.4.0 0.7.1"}
 pip_quiet=(--quiet --disable-pip-version-check)
+oldest_boto=1.40.0  # the floor packaging/alpineagents-s3/pyproject.toml declares
 
 quiet() {  # pip, without the warnings of a pip configuration naming folders that do not exist
     "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
@@ -52,6 +57,19 @@ for core in $published; do
     [ "$have" = "$core" ] || { echo "test.sh: installing the plugin changed alpineagents $core to $have" >&2; exit 1; }
     echo "test.sh: $env_dir: alpineagents $have with alpineagents-s3 from this checkout"
 done
+oldest_core=${published%% *}
+if [ -n "$oldest_core" ]; then
+    boto_env="$venv-boto-$oldest_boto"
+    [ -x "$boto_env/bin/python" ] || python3 -m venv "$boto_env"
+    quiet "$boto_env/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$oldest_core" \
+        "pytest>=8.3" "pytest-asyncio>=0.25" "pytest-xdist>=3.6" "moto[server]>=5.1" \
+        "boto3==$oldest_boto" "botocore==$oldest_boto"
+    quiet "$boto_env/bin/python" -m pip uninstall "${pip_quiet[@]}" -y alpineagents-s3
+    quiet "$boto_env/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents-s3 @ file://$plugin"
+    "$boto_env/bin/python" -m pip check
+    have=$("$boto_env/bin/python" -P -c 'import botocore; print(botocore.__version__)')
+    [ "$have" = "$oldest_boto" ] || { echo "test.sh: $boto_env has botocore $have, not $oldest_boto" >&2; exit 1; }
+fi
 
 if [ -z "${ALPINEAGENTS_NO_LOCALSTACK:-}" ] && [ -f localstack/localstack.sh ]; then
     bash localstack/localstack.sh install
@@ -89,6 +107,15 @@ for core in $published; do
         -p no:cacheprovider "${parallel[@]}" tests/plugin 2>&1 | tee "$logs/$core.log" || status=$?
     record "alpineagents $core (published)" "$status" "$logs/$core.log"
 done
+
+if [ -n "$oldest_core" ]; then
+    status=0
+    ALPINEAGENTS_EXPECT_CORE=$oldest_core PYTHONSAFEPATH=1 "$boto_env/bin/python" -m pytest \
+        -c pyproject.toml --rootdir=. --import-mode=importlib --confcutdir=tests/plugin \
+        -p no:cacheprovider "${parallel[@]}" -k "not async" tests/plugin 2>&1 \
+        | tee "$logs/boto.log" || status=$?
+    record "alpineagents $oldest_core, boto3 $oldest_boto, sync" "$status" "$logs/boto.log"
+fi
 
 echo
 echo "== the plugin against each alpineagents =="

@@ -329,9 +329,11 @@ def test_a_state_that_failed_every_try_saves_once_faults_stop() -> None:
 def test_lists_that_cannot_read_every_head_name_the_ids_they_could_not_read() -> None:
     # No botocore retry: a fault on a head's GET fails it, so lists meet heads they cannot
     # read. Each must raise IncompleteListError naming them (never return fewer silently).
+    # No outage: one would spend the faults at once, before any State was there to list.
     done = run(
         "--faults", "150", "--seconds", "40", "--rate", "0.3", "--workers", "4",
-        "--list", "0.1", "--max-attempts", "1",
+        "--list", "0.1", "--max-attempts", "1", "--kind", "500", "--kind", "503",
+        "--kind", "reset",
     )  # fmt: skip
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
