@@ -32,6 +32,10 @@ quiet() {  # pip, without the warnings of a pip configuration naming folders tha
     return "${PIPESTATUS[0]}"
 }
 
+venv_at() {  # a virtualenv at $1, made again if an earlier run left it without a working pip
+    "$1/bin/python" -m pip --version >/dev/null 2>&1 || { rm -rf "$1" && python3 -m venv "$1"; }
+}
+
 # The plugin's wheel, built from this checkout by setup.sh (again only when the plugin, its
 # packaging or pyproject.toml changed) and installed into every virtualenv.
 ALPINEAGENTS_VENV=$venv bash scripts/setup.sh
@@ -44,7 +48,7 @@ plugin=$(cd "$venv/wheel" && ls "$PWD"/alpineagents_s3-*.whl)  # absolute: a fil
 
 for core in $published; do
     env_dir="$venv-core-$core"
-    [ -x "$env_dir/bin/python" ] || python3 -m venv "$env_dir"
+    venv_at "$env_dir"
     quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$core" \
         "pytest>=8.3" "pytest-asyncio>=0.25" "pytest-xdist>=3.6" "moto[server]>=5.1" "aioboto3>=15" \
         "boto3>=1.40"
@@ -60,7 +64,7 @@ done
 oldest_core=${published%% *}
 if [ -n "$oldest_core" ]; then
     boto_env="$venv-boto-$oldest_boto"
-    [ -x "$boto_env/bin/python" ] || python3 -m venv "$boto_env"
+    venv_at "$boto_env"
     quiet "$boto_env/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$oldest_core" \
         "pytest>=8.3" "pytest-asyncio>=0.25" "pytest-xdist>=3.6" "moto[server]>=5.1" \
         "boto3==$oldest_boto" "botocore==$oldest_boto"
