@@ -33,7 +33,7 @@ quiet() {  # pip, without the warnings of a pip configuration naming folders tha
 }
 
 venv_at() {  # a virtualenv at $1, made again if an earlier run left it without a working pip
-    "$1/bin/python" -m pip --version >/dev/null 2>&1 || { rm -rf "$1" && python3 -m venv "$1"; }
+    "$1/bin/python" -c "import pip._internal.commands.install" >/dev/null 2>&1 || { rm -rf "$1" && python3 -m venv "$1"; }
 }
 
 # The plugin's wheel, built from this checkout by setup.sh (again only when the plugin, its
