@@ -9,6 +9,7 @@ they are judged by are these.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from alpineagents import State
+from alpineagents.history import MAX_DEPTH
 
 # A State id: letters, digits, ``_`` and ``-``, 1 to 128 characters.
 ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -41,3 +43,22 @@ def same(a: Any, b: Any) -> bool:
 def history_of(state: State) -> list[tuple[int, str, str, str]]:
     """A State's history as comparable tuples: seq, kind, text, data as JSON."""
     return [(e.seq, e.kind, e.text, json.dumps(e.data, sort_keys=True)) for e in state.history]
+
+
+def fits(value: Any, depth: int = 0) -> bool:
+    """Whether a State may keep ``value`` at ``depth`` containers down: the oracle."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return abs(value) < LARGEST
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return not SURROGATES.search(value)
+    if not isinstance(value, dict | list | tuple):
+        return False
+    if depth >= MAX_DEPTH:
+        return False
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and fits(k) and fits(v, depth + 1) for k, v in value.items())
+    return all(fits(item, depth + 1) for item in value)

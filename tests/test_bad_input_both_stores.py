@@ -24,7 +24,6 @@ levels, ints Python reads back), and compared with what the library does.
 from __future__ import annotations
 
 import contextlib
-import math
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,10 +39,9 @@ from alpineagents.history import MAX_DEPTH, MODEL, TOOL_RESULT
 from alpineagents.testing import FunctionModel, call
 from tests.json_values import (
     ID_PATTERN,
-    LARGEST,
     LONE_SURROGATES,
     MAX_DIGITS,
-    SURROGATES,
+    fits,
     history_of,
     nested,
     same,
@@ -134,24 +132,6 @@ VALUES = st.recursive(
     ),
     max_leaves=12,
 )
-
-
-def fits(value: Any, depth: int = 0) -> bool:
-    """Whether a State may keep ``value`` at ``depth`` containers down: the oracle."""
-    if value is None or isinstance(value, bool):
-        return True
-    if isinstance(value, int):
-        return abs(value) < LARGEST
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, str):
-        return not SURROGATES.search(value)
-    if depth >= MAX_DEPTH:
-        return False
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and fits(k) and fits(v, depth + 1) for k, v in value.items())
-    assert isinstance(value, list)
-    return all(fits(item, depth + 1) for item in value)
 
 
 # Ids ------------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
-import math
 import os
 import re
 import signal
@@ -66,10 +65,9 @@ from alpineagents.history import MAX_DEPTH, MODEL, TOOL_RESULT
 from alpineagents.testing import FunctionModel, call
 from tests.json_values import (
     ID_PATTERN,
-    LARGEST,
     LONE_SURROGATES,
     MAX_DIGITS,
-    SURROGATES,
+    fits,
     history_of,
     nested,
     same,
@@ -242,25 +240,6 @@ VALUES = st.recursive(
     ),
     max_leaves=12,
 )
-
-
-def fits(value: Any, depth: int = 0) -> bool:
-    """Whether a State may keep ``value`` at ``depth`` containers down: the oracle."""
-    if value is None or isinstance(value, bool):
-        return True
-    if isinstance(value, int):
-        return abs(value) < LARGEST
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, str):
-        return not SURROGATES.search(value)
-    if not isinstance(value, dict | list | tuple):
-        return False
-    if depth >= MAX_DEPTH:
-        return False
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and fits(k) and fits(v, depth + 1) for k, v in value.items())
-    return all(fits(item, depth + 1) for item in value)
 
 
 _INDEX = re.compile(r"\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\d+)\]")
