@@ -1,25 +1,28 @@
 """Deleting a State, and erasing every version of it (docs/protocol.md, "Delete").
 
-The delete marks the incarnation it deletes with a tombstone object in its folder, then deletes
-the head: from then on the State does not exist, for every reader and writer, and no head can
-name that incarnation again (invariant 9's rule for what may be deleted: a tombstoned
-incarnation no head names is dead). Then every object in the folder of a dead incarnation that
-the store can prove it wrote: named by the head it read, or marked in its metadata (a HEAD for
-each object not named); the tombstone last. A stranger's object is left and reported. An
-incarnation folder without a head and without a tombstone may be a create under way: ``sweep``
-removes it once it is old. With ``purge=True`` on a versioned bucket, every version and delete
-marker of the keys removed goes too. A delete that fails part way raises; run again, it finds
-the tombstone and removes what is left.
+The delete is a commit like a save's: a tombstone head replaces the head, ``If-Match`` on its
+ETag (invariant 4). The head's key is never deleted, so no create still in flight and no save
+of a copy can name that incarnation again (invariant 12): it is dead, and the delete removes
+every object in its folder that the store can prove it wrote: named by the head it replaced, or
+marked in its metadata (a HEAD for each object not named). A stranger's object is left and
+reported, and so are the objects of other incarnation folders of the id (a create under way,
+or one that failed): they are left to ``sweep``. With
+``purge=True`` on a versioned bucket, every version and delete marker of the keys removed goes
+too. A delete that fails part way raises; run again, it finds the tombstone head and removes
+what is left.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
+from alpineagents_s3 import _keys
 from alpineagents_s3._codec import validate_id
-from alpineagents_s3._keys import MARK, PAGE, ROLES, TOMBSTONE, Layout, fail, list_all
+from alpineagents_s3._engine import ensure
+from alpineagents_s3._head import Head
+from alpineagents_s3._keys import MARK, PAGE, ROLES, Layout, fail, list_all
 from alpineagents_s3._load import get_head
 from alpineagents_s3._memory import Ctx
 from alpineagents_s3._steps import Call, Hold, Steps, error_code, send
@@ -30,11 +33,12 @@ from alpineagents_s3._translate import (
     Fault,
     translate_fault,
 )
-from alpineagents_s3.errors import S3AccessDeniedError, S3StoreError
+from alpineagents_s3.errors import ConcurrentWriteError, S3AccessDeniedError, S3StoreError
 
 __all__ = ["Deleted", "delete", "marked", "remove"]
 
-_TOMBSTONE_BODY = b'{"alpineagents-s3":"deleted"}'
+# Tombstone PUTs a delete makes while saves keep replacing the head, before it gives up.
+_ATTEMPTS: Final = 6
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,9 @@ class Deleted:
         state_id: The State.
         objects: Objects deleted (the head, entries, segments, leftovers).
         versions: Older versions and delete markers removed (``purge=True``).
-        kept: Keys under the State's folder that were left: not written by S3Store, or of a
-            create that may still be under way (``sweep`` removes those once a day old).
+        kept: Keys under the State's folder that were left: not written by S3Store, or in the
+            folder of another incarnation (a create under way or one that failed, which no head
+            names: ``sweep`` removes those once they are old).
     """
 
     state_id: str
@@ -68,37 +73,63 @@ def delete(ctx: Ctx, state_id: str, purge: bool) -> Steps[Deleted | None]:
     validate_id(state_id)
     layout = ctx.layout
     yield Hold(ctx.memory.lock(ctx.scope, state_id))
-    head_key = layout.head_key(state_id)
     got = yield from get_head(ctx, state_id)
-    named = set()
-    if got is not None:  # mark the incarnation dead, then delete the head: the commit
-        head = got[0]
-        named = {head_key, *head.keys(layout)}
-        tombstone = layout.tombstone_key(state_id, head.inc)
-        (outcome,) = yield from send([layout.put(tombstone, _TOMBSTONE_BODY, "tombstone")], "")
-        if isinstance(outcome, Exception) and error_code(outcome) not in PRECONDITION_CODES:
-            fail(layout, outcome, "PutObject", tombstone)  # 412: a killed delete put it
-        (outcome,) = yield from send([layout.delete(head_key)], layout.root)
-        if isinstance(outcome, Exception) and error_code(outcome) not in NOT_FOUND_CODES:
-            fail(layout, outcome, "DeleteObject", head_key)
+    if got is None:
+        return None  # no head was ever written: there is nothing the store can prove its own
+    replaced: Head | None = None
+    tombstone: Head | None = got[0]
+    if not got[0].deleted:
+        replaced, tombstone = yield from _commit(ctx, state_id, *got)
+    if tombstone is None:
+        return None
+    named = set(replaced.keys(layout)) if replaced is not None else set()
+    # One LIST of the State's folder: the dead incarnation's objects, and others' (left).
+    folder = layout.inc_folder(state_id, tombstone.inc)
     listed = [obj["Key"] for obj in (yield from list_all(layout, layout.state_folder(state_id)))]
-    folders = {key: layout.folder_of(key) for key in listed}
-    dead = {folder[1] for key, folder in folders.items() if folder and key.endswith(TOMBSTONE)}
-    if got is not None:
-        dead.add(got[0].inc)
-    tombstones = [layout.tombstone_key(state_id, inc) for inc in sorted(dead)]
-    doomed = [k for k, folder in folders.items() if folder and folder[1] in dead]
-    ours, kept = yield from marked(ctx, [k for k in doomed if k not in tombstones], named)
+    dead = [key for key in listed if key.startswith(folder)]
+    ours, kept = yield from marked(ctx, dead, named)
+    kept += [key for key in listed if not key.startswith(folder)]
     yield from remove(layout, [(key, None) for key in ours])
-    yield from remove(layout, [(key, None) for key in tombstones])  # last: dead until then
     ctx.memory.bodies.drop(layout.bucket, ours)
     versions = 0
     if purge:
-        versions = yield from _purge(ctx, state_id, dead, set(kept))
-    if got is None and not ours and not versions:
+        versions = yield from _purge(ctx, state_id, {tombstone.inc}, set(kept))
+    if replaced is None and not ours and not versions:
         return None
-    waiting = [k for k in listed if k not in doomed]
-    return Deleted(state_id, len(ours) + (got is not None), versions, tuple(sorted(kept + waiting)))
+    return Deleted(state_id, len(ours) + (replaced is not None), versions, tuple(sorted(kept)))
+
+
+def _commit(
+    ctx: Ctx, state_id: str, head: Head, etag: str
+) -> Steps[tuple[Head | None, Head | None]]:
+    """Put a tombstone head over ``head`` (invariants 4, 12).
+
+    Returns the head it replaced (``None``: another delete was first) and the tombstone head
+    (``None``: the head is gone, deleted by something other than S3Store; nothing is dead).
+    """
+    layout = ctx.layout
+    key = layout.head_key(state_id)
+    yield from ensure(ctx)  # invariant 11: the If-Match below must mean something
+    for _ in range(_ATTEMPTS):
+        tombstone = head.tombstone(_keys.new_wid())
+        put = layout.put(key, tombstone.encode(), "tombstone", if_match=etag)
+        (outcome,) = yield from send([put], layout.root)
+        if not isinstance(outcome, Exception):
+            ctx.memory.wrote(ctx.scope, state_id, tombstone, str(outcome["ETag"]))
+            return head, tombstone
+        if error_code(outcome) not in PRECONDITION_CODES | NOT_FOUND_CODES:
+            fail(layout, outcome, "PutObject", key, f"If-Match: {etag}")
+        got = yield from get_head(ctx, state_id)
+        if got is None:  # the head is gone: only something other than S3Store deletes one
+            return None, None
+        stored, etag = got
+        if stored.deleted:  # this delete's PUT answered twice, or another delete first
+            return (head if stored.write == tombstone.write else None), stored
+        head = stored  # a save landed in between: delete what it made
+    raise ConcurrentWriteError(
+        f"State {state_id!r} in {layout.url(key)} was saved {_ATTEMPTS} times while it was "
+        "deleted: stop its writers, then delete it again"
+    )
 
 
 def marked(ctx: Ctx, keys: Sequence[str], named: set[str]) -> Steps[tuple[list[str], list[str]]]:
@@ -151,8 +182,9 @@ def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int
 
     One rule: a version goes only if its own metadata carries the store's mark (a HEAD by
     version id), and a delete marker only once no version of its key is left. Under the State's
-    folder and at its head, except the current objects of an incarnation still alive (a State
-    made again, a create under way) and the keys a stranger holds.
+    folder and at its head, except the current tombstone head, the current objects of an
+    incarnation still alive (a State made again, a create under way) and the keys a stranger
+    holds.
     """
     layout = ctx.layout
     (status,) = yield from send(
@@ -183,7 +215,7 @@ def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int
             data.append((key, version))
     removed = set(data)
     left = {k for k, v, marker, _ in listed if not marker and (k, v) not in removed}
-    ours = {k for k, *_ in listed if k == head_key or layout.part_name(k) or k.endswith(TOMBSTONE)}
+    ours = {k for k, *_ in listed if k == head_key or layout.part_name(k)}
     markers = [(k, v) for k, v, marker, _ in listed if marker and k in ours and k not in left]
     # Data versions first: a delete marker removed before them would bring an object back.
     yield from remove(layout, data)

@@ -23,7 +23,7 @@ from alpineagents_s3._steps import Call, Outcome, Steps, error_code, http_status
 from alpineagents_s3._translate import PRECONDITION_CODES, translate
 from alpineagents_s3.errors import ConditionalWritesUnsupportedError, S3StoreError
 
-__all__ = ["Check", "Probe", "check", "doctor"]
+__all__ = ["Check", "Probe", "check", "doctor", "ensure"]
 
 _BODY: Final = b'{"alpineagents-s3":"probe"}'
 # An ETag no object has: 32 hex digits, as an MD5 ETag, that S3 never gives these bytes.
@@ -98,6 +98,11 @@ class Probe:
 
 def check(layout: Layout) -> Steps[list[str]]:
     """The whole check on its own (``doctor``): the problems found, the probe deleted."""
+    return (yield from _tested(layout)).problems
+
+
+def _tested(layout: Layout) -> Steps[Probe]:
+    """A probe made, tested and deleted again."""
     probe = Probe(layout)
     (created,) = yield from send([probe.create()], layout.root)
     probe.created(created)
@@ -107,7 +112,17 @@ def check(layout: Layout) -> Steps[list[str]]:
         yield from send(probe.cleanup(), layout.root)
         raise
     yield from send(probe.cleanup(), layout.root)
-    return probe.problems
+    return probe
+
+
+def ensure(ctx: Ctx) -> Steps[None]:
+    """The check before a head PUT that is not a save's (a delete's), once per process."""
+    layout = ctx.layout
+    if ctx.trust or (layout.endpoint, layout.bucket) in ctx.memory.checked:
+        return
+    probe = yield from _tested(layout)
+    probe.verdict()
+    ctx.memory.checked.add((layout.endpoint, layout.bucket))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 A State is exactly what its head names: ``count`` entries, held in order by the ``parts`` (entry
 objects and segments), and the snapshot. :meth:`Head.decode` is the only reader of a head and
 checks all of that; :meth:`Head.encode` the only writer. Nothing else is ever read as part of a
-State.
+State. A delete replaces the head with a tombstone head (:meth:`Head.tombstone`), which names
+nothing: the key of a head is never deleted (invariant 12).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Head:
         rev: How many saves came before it since the State was created (0 for the create).
         parts: The objects that hold entries ``0`` to ``count - 1``, in seq order.
         snapshot: The snapshot (or info) dict, or ``None`` for a State created without one.
+        deleted: A tombstone head: the incarnation ``inc`` was deleted, and there is no State.
     """
 
     state_id: str
@@ -77,6 +79,7 @@ class Head:
     rev: int
     parts: tuple[Part, ...]
     snapshot: dict[str, Any] | None
+    deleted: bool = False
 
     @property
     def count(self) -> int:
@@ -94,6 +97,18 @@ class Head:
     def but(self, **changes: Any) -> Head:
         """A copy with ``changes``."""
         return replace(self, **changes)
+
+    def tombstone(self, wid: str) -> Head:
+        """The tombstone head the delete ``wid`` puts over this head."""
+        return replace(
+            self,
+            write=wid,
+            after=self.write,
+            rev=self.rev + 1,
+            parts=(),
+            snapshot=None,
+            deleted=True,
+        )
 
     # Bytes ------------------------------------------------------------------------------
 
@@ -114,20 +129,20 @@ class Head:
                 items.append([part.first, part.last, part.wid, "e"])
             else:
                 items.append([part.first, part.last, part.wid, "s", part.size])
-        return dumps(
-            {
-                FORMAT_FIELD: FORMAT,
-                "id": self.state_id,
-                "inc": self.inc,
-                "write": self.write,
-                "after": self.after,
-                "rev": self.rev,
-                "count": self.count,
-                "parts": items,
-                "snapshot": self.snapshot,
-            },
-            f"the snapshot of State {self.state_id!r}",
-        )
+        doc: dict[str, Any] = {
+            FORMAT_FIELD: FORMAT,
+            "id": self.state_id,
+            "inc": self.inc,
+            "write": self.write,
+            "after": self.after,
+            "rev": self.rev,
+            "count": self.count,
+            "parts": items,
+            "snapshot": self.snapshot,
+        }
+        if self.deleted:
+            doc["deleted"] = True
+        return dumps(doc, f"the snapshot of State {self.state_id!r}")
 
     @classmethod
     def decode(cls, body: bytes, where: str, state_id: str) -> Head:
@@ -149,15 +164,19 @@ class Head:
                 "copied or damaged"
             )
         inc, write, rev, after = doc.get("inc"), doc.get("write"), doc.get("rev"), doc.get("after")
-        snapshot = doc.get("snapshot")
+        snapshot, deleted = doc.get("snapshot"), doc.get("deleted", False)
         if (
             not (_is_wid(inc) and _is_wid(write) and type(rev) is int and rev >= 0)
             or not (after is None or _is_wid(after))
             or not (snapshot is None or type(snapshot) is dict)
+            or type(deleted) is not bool
+            or (deleted and (snapshot is not None or doc.get("parts") != []))
         ):
-            raise CorruptStateError(f"{where} is a damaged head: its inc, write, rev or snapshot")
+            raise CorruptStateError(
+                f"{where} is a damaged head: its inc, write, rev, snapshot or deleted"
+            )
         parts = tuple(_parts(doc.get("parts"), where))
-        head = cls(state_id, str(inc), str(write), after, rev, parts, snapshot)
+        head = cls(state_id, str(inc), str(write), after, rev, parts, snapshot, deleted)
         if doc.get("count") != head.count:
             raise CorruptStateError(
                 f"{where} is a damaged head: it counts {doc.get('count')!r} entries, its parts "

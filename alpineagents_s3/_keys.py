@@ -5,7 +5,6 @@ Under the store's prefix ``P`` (see docs/protocol.md, "Objects")::
     P heads/{id}.json                                the head: the State's one commit point
     P states/{id}/{inc}/e{seq}.{wid}.json            one history entry, seq zero-padded
     P states/{id}/{inc}/s{first}-{last}.{wid}.json   a segment: the entries first to last
-    P states/{id}/{inc}/deleted.json                 a tombstone: this incarnation is deleted
     P probes/{wid}.json                              the engine check's object
 
 Every object the store writes carries the metadata ``alpineagents-s3: <role>`` (invariant 9).
@@ -32,7 +31,6 @@ PROBES: Final = "probes/"
 # The metadata key of the store's mark; its value is the object's role.
 MARK: Final = "alpineagents-s3"
 ROLES: Final = frozenset({"head", "entry", "segment", "tombstone", "probe"})
-TOMBSTONE: Final = "deleted.json"
 SEQ_DIGITS: Final = 10
 # S3 lists at most 1,000 keys a page and deletes at most 1,000 keys a request.
 PAGE: Final = 1000
@@ -120,10 +118,6 @@ class Layout:
             f"{self.inc_folder(state_id, inc)}"
             f"s{first:0{SEQ_DIGITS}d}-{last:0{SEQ_DIGITS}d}.{wid}.json"
         )
-
-    def tombstone_key(self, state_id: str, inc: str) -> str:
-        """The key of the tombstone a delete puts in the folder of the incarnation it deletes."""
-        return f"{self.inc_folder(state_id, inc)}{TOMBSTONE}"
 
     def folder_of(self, key: str) -> tuple[str, str] | None:
         """``(state id, inc)`` of a key in an incarnation's folder (``None``: not in one)."""

@@ -77,7 +77,9 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
                 continue
             try:
                 head = Head.decode(outcome["Body"], layout.url(key), state_id)
-                if head.snapshot is not None:  # a State created without one: listed once it has
+                # A tombstone head (deleted) has none; a State created without one is listed
+                # once it has one.
+                if head.snapshot is not None:
                     found.append(_summary(state_id, head.snapshot, layout.url(key)))
             except S3StoreError as e:
                 failed[state_id] = e
@@ -118,7 +120,8 @@ class StoredObject:
     Attributes:
         key: Its key.
         size: Its size in bytes.
-        role: ``"head"``, ``"entry"`` or ``"segment"`` when the head names it; ``"unnamed"``
+        role: ``"head"``, ``"entry"`` or ``"segment"`` when the head names it, ``"tombstone"``
+            for the head of a deleted State; ``"unnamed"``
             for an object under the State's folder that no head names (left by a save that
             died or lost a race: ``sweep`` removes it).
         modified: When it was written, as S3 says.
@@ -145,8 +148,9 @@ def objects(ctx: Ctx, state_id: str) -> Steps[list[StoredObject]]:
             part.key(layout, state_id, head.inc): "entry" if part.kind == "e" else "segment"
             for part in head.parts
         }
+        role = "tombstone" if head.deleted else "head"
         found.append(
-            StoredObject(head_key, len(outcome["Body"]), "head", outcome.get("LastModified"))
+            StoredObject(head_key, len(outcome["Body"]), role, outcome.get("LastModified"))
         )
     elif error_code(outcome) not in NOT_FOUND_CODES:
         fail(layout, outcome, "GetObject", head_key)

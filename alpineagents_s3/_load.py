@@ -36,7 +36,7 @@ class MissingPartError(Exception):
 def get_head(
     ctx: Ctx, state_id: str, known: tuple[Head, str] | None = None
 ) -> Steps[tuple[Head, str] | None]:
-    """The State's head and its ETag; ``None`` if there is none.
+    """The State's head and its ETag (a tombstone head too); ``None`` if there is none.
 
     With ``known`` (a head and its ETag), the GET asks ``If-None-Match`` and a 304 returns it.
     """
@@ -97,6 +97,9 @@ def read(
         if got is None:
             return None
         head, etag = got
+        if head.deleted:  # the base: a create of this process replaces it (invariant 12)
+            ctx.memory.read(ctx.scope, state_id, head, etag, sent)
+            return None
         try:
             bodies = yield from fetch(ctx, head, head.parts)
         except MissingPartError as e:

@@ -35,13 +35,13 @@ class Seen:
     """What the process knows of one State.
 
     Attributes:
-        head: The head it last read or wrote (``None``: none yet, or the State was deleted).
+        head: The head it last read or wrote, a tombstone head too (``None``: none yet).
         etag: That head's ETag.
         unsure: The wids of head PUTs whose answer never came: a head holding one is its own.
         at: When the process learned ``head``, on :meth:`Memory.tick`'s clock.
 
-    A State found deleted changes nothing here: a save of a copy of it sends ``If-Match`` on
-    the head it was read from, and S3 refuses it (404, or 412 if the id was made again).
+    A tombstone head read or written is kept as any head: a save on it is refused before it
+    sends anything, and a create of the id replaces it with ``If-Match``.
     """
 
     head: Head | None = None
@@ -151,12 +151,19 @@ class Memory:
             seen = self._seen.get((scope, state_id), Seen())
             self._seen[(scope, state_id)] = replace(seen, unsure=seen.unsure | {wid})
 
-    def settled(self, scope: Scope, state_id: str) -> None:
-        """The head was read after unsure PUTs: whether they landed is known now."""
+    def settled(self, scope: Scope, state_id: str, *, forget: bool = False) -> None:
+        """The head was read after unsure PUTs: whether they landed is known now.
+
+        With ``forget``, the base is dropped too (a create found to have landed under heads
+        it never read): the next save reads the head as a fresh process's does.
+        """
         with self._guard:
             seen = self._seen.get((scope, state_id))
             if seen is not None:
-                self._seen[(scope, state_id)] = replace(seen, unsure=frozenset())
+                head, etag = (None, None) if forget else (seen.head, seen.etag)
+                self._seen[(scope, state_id)] = replace(
+                    seen, head=head, etag=etag, unsure=frozenset()
+                )
 
 
 @dataclass(frozen=True)

@@ -115,13 +115,15 @@ def _save(
     """One attempt of a save, and how it ended.
 
     ``"saved"``; ``"landed"``: an earlier save of this process, thought lost, had landed (it is
-    the base now); ``"again"``: a create found the id freed meanwhile.
+    the base now); ``"again"``: a create found the id freed meanwhile (the tombstone head it
+    found is the one it replaces now).
     """
     layout, memory = ctx.layout, ctx.memory
     key = layout.head_key(state_id)
     wid = _keys.new_wid()
-    base: Head | None = None
-    etag: str | None = None
+    base: Head | None = None  # the State's head this save continues
+    prior: Head | None = None  # the head it replaces: the base, or a tombstone for a create
+    etag: str | None = None  # prior's ETag
     seen = ctx.seen(state_id)
     if not create:
         base, etag = seen.head, seen.etag
@@ -141,11 +143,16 @@ def _save(
                     "in this process and continue that copy"
                 )
             memory.read(ctx.scope, state_id, base, etag, sent)
+        if base.deleted:  # invariant 12: never a head on a deleted incarnation
+            raise _not_found(ctx, state_id)
+        prior = base
         fresh = yield from _new_entries(ctx, base, etag, new)
         if not fresh and (snapshot is None or _same(base.snapshot, snapshot)):
             return "saved"  # nothing new: nothing is sent
     else:
         fresh = new
+        if seen.head is not None and seen.head.deleted:  # made again over the tombstone seen
+            prior, etag = seen.head, seen.etag
     bodies = {Part(e.seq, e.seq, wid, "e"): e.body for e in fresh}
     parts = (base.parts if base is not None else ()) + tuple(bodies)
     packing, sources = yield from _packing(ctx, base, parts, bodies, wid)
@@ -153,7 +160,7 @@ def _save(
         state_id=state_id,
         inc=wid if base is None else base.inc,
         write=wid,
-        after=None if base is None else base.write,
+        after=None if prior is None else prior.write,
         rev=0 if base is None else base.rev + 1,
         parts=packing.parts if packing is not None else parts,
         snapshot=dict(snapshot) if snapshot is not None else base.snapshot if base else None,
@@ -181,8 +188,8 @@ def _save(
 
     # Batch 2: the head, conditional on the base (invariant 4). Unsure from the moment it is
     # sent until its outcome is known (invariant 5): a head holding this wid is this save's.
-    condition = "If-None-Match: *" if base is None else f"If-Match: {etag}"
-    put = layout.put(key, head.encode(), "head", if_match=etag if base is not None else None)
+    condition = "If-None-Match: *" if prior is None else f"If-Match: {etag}"
+    put = layout.put(key, head.encode(), "head", if_match=etag if prior is not None else None)
     memory.unsure(ctx.scope, state_id, wid)
     outcome, *_ = yield from send([put, *cleanup], layout.root)
     if probe is not None:
@@ -192,34 +199,40 @@ def _save(
         sent = memory.tick()
         got = yield from get_head(ctx, state_id)
         stored = got[0] if got is not None else None
+        replaced = prior.write if prior is not None else None
         if stored is not None and stored.write == wid:  # its own PUT, answered twice
             outcome = {"ETag": got[1]}  # type: ignore[index]
-        elif stored is not None and stored.after == wid:
-            # It landed, and another writer has saved on top since: committed, and this copy is
-            # behind now (the base stays: its next save is refused).
-            memory.settled(ctx.scope, state_id)
+        elif stored is not None and wid in (stored.after, stored.inc):
+            # It landed, and others have saved on top since, or deleted it: committed, and this
+            # copy is behind now (its next save is refused: the base stays, or is forgotten).
+            memory.settled(ctx.scope, state_id, forget=create)
             return "saved"
         elif stored is not None and stored.write in seen.unsure:  # an earlier save landed late
             # Its wid stays unsure until a save returns: the core was not told it landed, and
             # may send the same save again, even as a create.
             memory.read(ctx.scope, state_id, stored, got[1], sent)  # type: ignore[index]
-            if stored.after == (base.write if base is not None else None):
+            if stored.after == replaced:
                 yield from _discard(ctx, list(writes))  # this attempt lost to it, for good
             return "landed"
-        elif stored is None:
+        elif stored is None or stored.deleted:
+            # Deleted: no head will name this save's parts (invariant 12). A create is made
+            # again over the tombstone.
             memory.settled(ctx.scope, state_id)
-            if base is None:
-                return "again"  # a create that lost to a State deleted since
+            if stored is not None:
+                memory.read(ctx.scope, state_id, stored, got[1], sent)  # type: ignore[index]
+            yield from _discard(ctx, list(writes))
+            if create:
+                return "again"
             raise _not_found(ctx, state_id)
         else:
             memory.settled(ctx.scope, state_id)
-            # Another head replaced the base, not this save's: this save lost, for good (its
+            # Another head replaced the one this save replaces: this save lost, for good (its
             # parts are named by no head, and never will be). A head further on may be a
             # successor of this save's: then it is not known whether it landed.
-            lost = stored.after == (base.write if base is not None else None)
+            lost = stored.after == replaced
             if lost:
                 yield from _discard(ctx, list(writes))
-            if base is None and stored.inc not in seen.unsure:  # not a create of its own
+            if create and stored.inc not in seen.unsure:  # not a create of its own
                 raise StateExistsError(
                     f"a State with id {state_id!r} already exists in {layout.url(key)}: "
                     f"continue it with store.load({state_id!r}), or pick another id"
@@ -228,9 +241,11 @@ def _save(
             if not lost:
                 why += "; this save may be part of the State, with saves of theirs after it"
             raise _conflict(ctx, state_id, why)
-    elif code in NOT_FOUND_CODES and base is not None:  # If-Match on a deleted head
-        memory.settled(ctx.scope, state_id)
+    elif code in NOT_FOUND_CODES and prior is not None:  # If-Match on a head gone
+        memory.settled(ctx.scope, state_id, forget=create)  # a create: made again, afresh
         yield from _discard(ctx, list(writes))
+        if create:
+            return "again"
         raise _not_found(ctx, state_id)
     elif isinstance(outcome, Exception):
         fail(layout, outcome, "PutObject", key, condition)  # unsure: the next save reads first

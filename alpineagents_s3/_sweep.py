@@ -1,14 +1,9 @@
 """Sweeping: what saves, creates and deletes that died or lost a race left behind.
 
-docs/protocol.md, "Sweep". Objects are grouped by the incarnation folder they are in, and the
-head of their State is read:
-
-- the incarnation the head names is alive: only objects the head does not name, older than
-  ``older_than`` seconds, are removed (the parts of saves that died or lost a race);
-- an incarnation with a tombstone is dead (a delete marked it before it deleted the head): all
-  of it is removed, the tombstone last;
-- any other incarnation (no head names it, no tombstone) is a create that died, or one under
-  way: its objects are removed once older than ``older_than``.
+docs/protocol.md, "Sweep". One rule: an object under ``P states/`` is removed when the head of
+its State does not name it and it is older than ``older_than`` seconds: the parts of saves that
+died or lost a race, of creates that died, and of deleted incarnations a delete did not finish
+(a tombstone head names nothing). A create under way is younger than that.
 
 Each object removed is proven the store's own (invariant 9): its key is one the store gives and
 its metadata carries the store's mark (a HEAD each). Probes of the engine check left by a
@@ -23,7 +18,7 @@ from typing import Any, Final
 
 from alpineagents_s3._delete import marked, remove
 from alpineagents_s3._head import Head
-from alpineagents_s3._keys import TOMBSTONE, fail, list_all
+from alpineagents_s3._keys import fail, list_all
 from alpineagents_s3._memory import Ctx
 from alpineagents_s3._steps import Steps, error_code, send
 from alpineagents_s3._translate import NOT_FOUND_CODES
@@ -65,12 +60,12 @@ def sweep(
         folder = layout.folder_of(obj["Key"])
         if folder is not None:
             groups.setdefault(folder, []).append(obj)
-    # Only a State with an old object or a tombstone can have something to remove.
+    # Only a State with an old object can have something to remove.
     ids = sorted(
         {
             state_id
-            for (state_id, inc), objects in groups.items()
-            if any(_older(obj, cutoff) or obj["Key"].endswith(TOMBSTONE) for obj in objects)
+            for (state_id, _), objects in groups.items()
+            if any(_older(obj, cutoff) for obj in objects)
         }
     )
     outcomes = yield from send([layout.get(layout.head_key(i)) for i in ids], layout.root)
@@ -87,37 +82,22 @@ def sweep(
         except S3StoreError:
             continue  # a head it cannot read: nothing of that State is touched
     candidates: list[str] = []
-    tombstones: list[str] = []
     for (state_id, inc), objects in groups.items():
         if state_id not in heads:
             continue
         head = heads[state_id]
-        keys = {obj["Key"] for obj in objects}
-        tombstone = layout.tombstone_key(state_id, inc)
-        if head is not None and head.inc == inc:
-            named = set(head.keys(layout))
-            candidates += [
-                obj["Key"]
-                for obj in objects
-                if obj["Key"] not in named and _older(obj, cutoff) and layout.part_name(obj["Key"])
-            ]
-        elif tombstone in keys:
-            candidates += [k for k in keys if k != tombstone and layout.part_name(k)]
-            tombstones.append(tombstone)
-        else:
-            candidates += [
-                obj["Key"]
-                for obj in objects
-                if _older(obj, cutoff) and layout.part_name(obj["Key"])
-            ]
+        named = set(head.keys(layout)) if head is not None and head.inc == inc else set()
+        candidates += [
+            obj["Key"]
+            for obj in objects
+            if obj["Key"] not in named and _older(obj, cutoff) and layout.part_name(obj["Key"])
+        ]
     for obj in (yield from list_all(layout, layout.probes)):
         if layout.is_probe(obj["Key"]) and _older(obj, cutoff):
             candidates.append(obj["Key"])
     ours, _ = yield from marked(ctx, candidates, set())
     yield from remove(layout, [(key, None) for key in ours])
-    gone, _ = yield from marked(ctx, tombstones, set())
-    yield from remove(layout, [(key, None) for key in gone])  # last: dead until then
-    return sorted(ours + gone)
+    return sorted(ours)
 
 
 def _older(obj: dict[str, Any], cutoff: datetime) -> bool:

@@ -9,6 +9,7 @@ their own; the ones about ``list`` use States the installed core made and saved 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import subprocess
 import sys
@@ -430,8 +431,17 @@ def test_delete_removes_every_object(io: IO, make_store: MakeStore, s3: Any, buc
     io.write("doomed", entries(0, 3), small(3), create=True)
     io.delete("doomed")
     assert io.read("doomed") is None
-    assert keys(s3, bucket, "runs/") == []
+    # Only the tombstone head is left: it names nothing, and no create sent before the delete
+    # can land on it (docs/protocol.md, invariant 12).
+    assert keys(s3, bucket, "runs/") == ["runs/heads/doomed.json"]
+    tombstone = json.loads(
+        s3.get_object(Bucket=bucket, Key="runs/heads/doomed.json")["Body"].read()
+    )
+    assert (
+        tombstone["deleted"] is True and tombstone["parts"] == [] and tombstone["snapshot"] is None
+    )
     io.write("doomed", entries(0, 1), small(1), create=True)  # the id is free again
+    assert list(io.read("doomed").entries) == entries(0, 1)
 
 
 def test_delete_of_an_unknown_id_follows_the_installed_contract(io: IO) -> None:

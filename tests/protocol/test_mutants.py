@@ -27,15 +27,15 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
         "head PUT without If-Match (invariant 4)",
         _save,
-        "if_match=etag if base is not None else None)",
-        "create=base is None, if_match=None)",
+        "if_match=etag if prior is not None else None)",
+        "create=prior is None, if_match=None)",
         {},
     ),
     (
         "create without If-None-Match (invariant 4)",
         _save,
-        "if_match=etag if base is not None else None)",
-        "if_match=etag if base is not None else None, create=False)",
+        "if_match=etag if prior is not None else None)",
+        "if_match=etag if prior is not None else None, create=False)",
         {},
     ),
     (
@@ -70,7 +70,7 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
         "the parts of a save that may have landed deleted (invariant 7)",
         _save,
-        "            lost = stored.after == (base.write if base is not None else None)",
+        "            lost = stored.after == replaced",
         "            lost = True",
         {},
     ),
@@ -135,17 +135,45 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
         "delete without the store's mark (invariant 9)",
         _delete,
-        "    ours, kept = yield from marked(ctx, [k for k in doomed if k not in tombstones], "
-        "named)",
-        "    ours, kept = [k for k in doomed if k not in tombstones], []",
+        "    ours, kept = yield from marked(ctx, dead, named)",
+        "    ours, kept = dead, []",
         {},
     ),
     (
-        "delete of incarnations no tombstone marks dead (invariant 9)",
+        "delete of every incarnation of the id, a create's under way too (invariant 9)",
         _delete,
-        "if folder and key.endswith(TOMBSTONE)}",
-        "if folder}",
+        "    folder = layout.inc_folder(state_id, tombstone.inc)",
+        "    folder = layout.state_folder(state_id)",
         {},
+    ),
+    (
+        "delete's tombstone PUT without If-Match (invariant 4)",
+        _delete,
+        'put = layout.put(key, tombstone.encode(), "tombstone", if_match=etag)',
+        'put = layout.put(key, tombstone.encode(), "tombstone", create=False)',
+        {},
+    ),
+    (
+        "delete that deletes the head object after its tombstone (invariant 12)",
+        _delete,
+        "(outcome,) = yield from send([put], layout.root)",
+        "(outcome, _) = yield from send([put, layout.delete(key)], layout.root)",
+        {},
+    ),
+    (
+        "a save on a tombstone base (invariant 12)",
+        _save,
+        "        if base.deleted:  # invariant 12: never a head on a deleted incarnation\n"
+        "            raise _not_found(ctx, state_id)\n",
+        "",
+        {},
+    ),
+    (
+        "delete without the engine check (invariant 11)",
+        _delete,
+        "    yield from ensure(ctx)  # invariant 11: the If-Match below must mean something\n",
+        "",
+        {"lying": True},
     ),
     (
         "purge without the store's mark (invariant 9)",

@@ -101,6 +101,10 @@ def oracle(bucket: Bucket) -> Content | None:
     if body is None:
         return None
     doc = json.loads(body)
+    if doc.get("deleted"):  # a tombstone head: no State
+        if doc["parts"] or doc["snapshot"] is not None:
+            raise InvariantError("invariant 12: a tombstone head names parts or a snapshot")
+        return None
     entries: list[str] = []
     for first, last, wid, kind, *_ in doc["parts"]:
         names = (
@@ -230,6 +234,7 @@ class World:
         ]
         self.counter = 0
         self.deletes = 0
+        self.dead: set[str] = set()  # incarnations a tombstone head has named
         self.log: list[str] = []
         # Half the schedules' processes keep no bodies: every load fetches every part (and
         # takes more steps, overlapping more of the others).
@@ -359,9 +364,12 @@ class World:
             self._apply(call, process)
             op.pending.insert(0, call)  # the retry is answered as a request of its own
             return
-        if op.fresh and call.method == "get_object" and call.params["Key"] == HEAD:
-            if isinstance(outcome, dict):  # the head a fresh process's save takes as its base
-                process.seen.add(json.loads(outcome["Body"])["write"])
+        if call.method == "get_object" and call.params["Key"] == HEAD:
+            read = json.loads(outcome["Body"]) if isinstance(outcome, dict) else {}
+            # The head a fresh process's save takes as its base, the one a delete replaces,
+            # and a tombstone head (a create replaces it).
+            if read and (op.fresh or op.kind == "delete" or read.get("deleted")):
+                process.seen.add(read["write"])
         op.outcomes.append(outcome)
         if not op.pending:
             outcomes, op.outcomes = op.outcomes, []
@@ -409,6 +417,13 @@ class World:
     def _changed(self, process: Process | None) -> None:
         content = oracle(self.bucket)
         before = self.events[-1][0]
+        body = self.bucket.body(HEAD)
+        if body is not None and json.loads(body).get("deleted"):
+            self.dead.add(json.loads(body)["inc"])
+        if content is not None and content.inc in self.dead:
+            raise InvariantError(
+                f"invariant 12: the head names incarnation {content.inc}, deleted before"
+            )
         self.events.append((content, process.name if process else "?"))
         if content is not None and (before is None or before.inc != content.inc):
             # A stranger's object in the new incarnation's folder, named as the store names its
@@ -767,10 +782,84 @@ def scenario_c_a_lost_create_then_a_failed_update() -> None:
     assert stored is not None and len(stored.entries) == 3, stored
 
 
+def scenario_d_a_create_in_flight_across_a_delete() -> None:
+    """A create's head PUT lands, its answer is lost; the State is deleted; botocore's retry of
+    the same PUT then arrives. It must not bring the State back on the deleted incarnation
+    (invariant 12: the model checker's own find). The creator then loads (no State) and saves
+    its copy's snapshot again: refused, and nothing names the dead incarnation."""
+    bucket = _scenario_bucket()
+    one, two = Process("one", ("writer",)), Process("two", ("admin",))
+    steps, call = _drive(
+        bucket,
+        _save.write(one.ctx(), ID, _entries(0, 2, "one"), _snap("one", 2), True),
+        hold=lambda call: call.method == "put_object" and call.params["Key"] == HEAD,
+    )
+    created = oracle(bucket)
+    assert created is not None
+    _drive(bucket, _delete.delete(two.ctx(), ID, False))
+    _drive(bucket, _resume(steps, bucket, call))  # the retry: 412, and the create committed
+    if oracle(bucket) is not None:
+        raise InvariantError("invariant 12: a create sent before a delete brought the State back")
+    if _drive(bucket, _load.read(one.ctx(), ID)) is not None:
+        raise InvariantError("invariant 8: a load found the deleted State")
+    try:
+        _drive(bucket, _save.write(one.ctx(), ID, [], _snap("one", 2, 9), False))
+    except StateNotFoundError:
+        pass
+    stored = bucket.body(HEAD)
+    if stored is None or (json.loads(stored)["inc"] == created.inc and oracle(bucket) is not None):
+        raise InvariantError(
+            f"invariant 12: the head names incarnation {created.inc}, deleted before"
+        )
+
+
+def scenario_e_a_first_delete_behind_an_engine_that_lies() -> None:
+    """A State saved while the engine was honest; it then ignores conditions (under load, say).
+    A process whose first request to the bucket is a delete must refuse before its tombstone
+    PUT, as a save does (invariant 11)."""
+    bucket = _scenario_bucket()
+    one, two = Process("one", ("writer",)), Process("two", ("admin",))
+    _drive(bucket, _save.write(one.ctx(), ID, _entries(0, 2, "one"), _snap("one", 2), True))
+    bucket.lying = True
+    head = bucket.body(HEAD)
+    try:
+        _drive(bucket, _delete.delete(two.ctx(), ID, False))
+    except ConditionalWritesUnsupportedError:
+        pass
+    if bucket.body(HEAD) != head:
+        raise InvariantError(
+            "invariant 11: a delete's head PUT was sent to an engine that ignores conditions"
+        )
+
+
+def scenario_f_a_purge_beside_a_create_of_the_same_id() -> None:
+    """A delete with purge lists the versions, its answer late; meanwhile another process makes
+    the id again. The purge, resumed with that listing, must keep the new State (invariant 9:
+    only a dead incarnation, never the current objects of a live one)."""
+    bucket = Bucket(random.Random(0), versioned=True)
+    one, two = Process("one", ("writer",)), Process("two", ("admin",))
+    _drive(bucket, _save.write(one.ctx(), ID, _entries(0, 2, "one"), _snap("one", 2), True))
+    steps, call = _drive(
+        bucket,
+        _delete.delete(two.ctx(), ID, True),
+        hold=lambda call: call.method == "list_object_versions",
+    )
+    _drive(bucket, _load.read(one.ctx(), ID))  # no State: its tombstone is the base now
+    _drive(bucket, _save.write(one.ctx(), ID, _entries(0, 1, "one"), _snap("one", 1), True))
+    made = oracle(bucket)
+    assert made is not None
+    _drive(bucket, _resume(steps, bucket, call))
+    if oracle(bucket) != made:
+        raise InvariantError("invariant 9: a purge changed a State made again beside it")
+
+
 SCENARIOS: list[Callable[[], None]] = [
     scenario_a_lost_answer_then_saves_on_top,
     scenario_b_stale_copy_of_a_state_made_again_smaller,
     scenario_c_a_lost_create_then_a_failed_update,
+    scenario_d_a_create_in_flight_across_a_delete,
+    scenario_e_a_first_delete_behind_an_engine_that_lies,
+    scenario_f_a_purge_beside_a_create_of_the_same_id,
 ]
 
 
