@@ -90,6 +90,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
+from _bucket import is_tombstone, remove_bucket, state_keys
 from _proxy import EXTRA_KINDS, KINDS, LABELS, PASS_HEADER, FaultProxy, Plan
 from botocore.config import Config
 
@@ -405,13 +406,8 @@ class Checker:
         return folders, sum(obj.role == "segment" for obj in named)
 
     def keys(self, state_id: str) -> list[str]:
-        """The State's head and every object in its folder, listed without the store."""
-        found = []
-        for prefix in (f"{PREFIX}/heads/{state_id}.json", f"{PREFIX}/states/{state_id}/"):
-            pages = self.client.get_paginator("list_objects_v2")
-            for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
-                found += [item["Key"] for item in page.get("Contents", [])]
-        return found
+        """The State's head (unless a tombstone) and its folder's objects, without the store."""
+        return state_keys(self.client, self.bucket, PREFIX, state_id)
 
     def close(self) -> None:
         """Close the direct store and client."""
@@ -957,6 +953,8 @@ def leftovers(client: Any, bucket: str, kept: set[str]) -> Counter[str]:
                 left["kept by a delete"] += 1
             elif key.startswith(f"{PREFIX}/probes/"):
                 left["probes"] += 1
+            elif key.startswith(f"{PREFIX}/heads/") and is_tombstone(client, bucket, key):
+                left["tombstone heads"] += 1
             else:
                 left["else"] += 1
     return left
@@ -977,6 +975,7 @@ class End:
     left: Counter[str]
     swept: int
     after: int
+    tombstones: int  # a deleted id's tombstone head stays (docs/protocol.md, invariant 12)
 
 
 def report(
@@ -1050,7 +1049,7 @@ def report(
         print(
             f"objects left after every State was deleted: {sum(end.left.values())} "
             f"({by_kind(end.left) or 'none'}); sweep(older_than=0) removed {end.swept}; "
-            f"left after it: {end.after}"
+            f"left after it: {end.after}; tombstone heads kept: {end.tombstones}"
         )
         print(f"violations: {len(figures.violations)}")
         kinds = Counter(kind_of(v) for v in figures.violations)
@@ -1080,17 +1079,19 @@ def make_fixed(checker: Checker, run: Run) -> None:
 def sweep_the_end(checker: Checker, client: Any, bucket: str, figures: Figures) -> End:
     """What is left once every State was deleted; swept; the bucket must then be empty."""
     left = leftovers(client, bucket, figures.kept)
+    tombstones = left.pop("tombstone heads", 0)
     if left["else"]:
         figures.violation(bucket, f"objects left after every State was deleted: {by_kind(left)}")
     time.sleep(1.1)  # LastModified counts whole seconds: everything is older than now
     swept = len(checker.store.sweep(older_than=0))
     after = sum(
-        len(page.get("Contents", []))
+        not (o["Key"].startswith(f"{PREFIX}/heads/") and is_tombstone(client, bucket, o["Key"]))
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        for o in page.get("Contents", [])
     )
     if after:
         figures.violation(bucket, f"{after} objects left after sweep(older_than=0)")
-    return End(left, swept, after)
+    return End(left, swept, after, tombstones)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1240,7 +1241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 proxy, figures, retries, warnings, args.attempts, end, time.monotonic() - started
             )
             if not end.after:
-                client.delete_bucket(Bucket=bucket)
+                remove_bucket(client, bucket)  # what is left are tombstone heads
             client.close()
     return 1 if figures.violations else 0
 

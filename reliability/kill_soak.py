@@ -86,6 +86,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from _bucket import remove_bucket
 from _soak_child import (
     ANSWER,
     ERROR_STATUS,
@@ -848,15 +849,8 @@ def describe(error: BaseException) -> str:
 
 def _empty_bucket(target: Target) -> None:
     """Remove the run's bucket and everything in it."""
-    client = target.client
-    while True:
-        found = client.list_objects_v2(Bucket=target.bucket)
-        keys = [{"Key": item["Key"]} for item in found.get("Contents", [])]
-        if not keys:
-            break
-        client.delete_objects(Bucket=target.bucket, Delete={"Objects": keys})
-    client.delete_bucket(Bucket=target.bucket)
-    client.close()
+    remove_bucket(target.client, target.bucket)
+    target.client.close()
 
 
 if __name__ == "__main__":

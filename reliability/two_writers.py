@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import boto3
+from _bucket import is_tombstone, remove_bucket, state_keys
 
 from alpineagents import (
     Agent,
@@ -129,12 +130,8 @@ class Server:
         return self.mode
 
     def keys(self, state_id: str) -> list[str]:
-        """The State's head and every object in its folder, listed without the store."""
-        found = []
-        for prefix in (f"{PREFIX}/heads/{state_id}.json", f"{PREFIX}/states/{state_id}/"):
-            listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix)
-            found += [item["Key"] for item in listed.get("Contents", [])]
-        return found
+        """The State's head (unless a tombstone) and its folder's objects, without the store."""
+        return state_keys(self.client, self.bucket, PREFIX, state_id)
 
 
 class Process:
@@ -785,12 +782,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             tallies = run(server, names, args.trials, args.seconds)
             violations = report(server, tallies, args.trials)
-            left = client.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
-            print(f"objects left in the bucket: {left}")
+            keys = [
+                o["Key"]
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+                for o in page.get("Contents", [])
+            ]
+            tombstones = [
+                k
+                for k in keys
+                if k.startswith(f"{PREFIX}/heads/") and is_tombstone(client, bucket, k)
+            ]
+            left = len(keys) - len(tombstones)
+            print(f"objects left in the bucket: {left} (and {len(tombstones)} tombstone heads)")
             if left:
                 violations += 1
             else:
-                client.delete_bucket(Bucket=bucket)
+                remove_bucket(client, bucket)
         finally:
             client.close()
     total = sum(t.trials for t in tallies.values())
