@@ -117,12 +117,11 @@ def _tested(layout: Layout) -> Steps[Probe]:
 
 def ensure(ctx: Ctx) -> Steps[None]:
     """The check before a head PUT that is not a save's (a delete's), once per process."""
-    layout = ctx.layout
-    if ctx.trust or (layout.endpoint, layout.bucket) in ctx.memory.checked:
+    if ctx.engine_checked:
         return
-    probe = yield from _tested(layout)
+    probe = yield from _tested(ctx.layout)
     probe.verdict()
-    ctx.memory.checked.add((layout.endpoint, layout.bucket))
+    ctx.engine_passed()
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def doctor(ctx: Ctx) -> Steps[list[Check]]:
             detail = "; ".join(problems) + ": S3Store refuses to save here"
         else:
             detail = f"{layout.endpoint} refuses a second create and a stale If-Match (412)"
-            ctx.memory.checked.add((layout.endpoint, layout.bucket))
+            ctx.engine_passed()
         checks.append(Check("conditional writes", not problems, detail))
     (status,) = yield from send(
         [Call("get_bucket_versioning", {"Bucket": layout.bucket})], layout.root

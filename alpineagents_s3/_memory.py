@@ -186,6 +186,15 @@ class Ctx:
         """What the process knows of a State of this store."""
         return self.memory.seen(self.scope, state_id)
 
+    @property
+    def engine_checked(self) -> bool:
+        """Whether the engine check is done for this store's bucket, or skipped (invariant 11)."""
+        return self.trust or (self.layout.endpoint, self.layout.bucket) in self.memory.checked
+
+    def engine_passed(self) -> None:
+        """The engine check passed for this store's bucket: not made again in this process."""
+        self.memory.checked.add((self.layout.endpoint, self.layout.bucket))
+
 
 #: The process's memory: every S3Store object uses it (``testing.separate_process`` aside).
 MEMORY: Final = Memory()

@@ -172,8 +172,7 @@ def _save(
         for segment, joined_parts in packing.segments:
             joined = join([sources[part] for part in joined_parts])
             writes[segment.key(layout, state_id, head.inc)] = (joined, "segment")
-    checked = ctx.trust or (layout.endpoint, layout.bucket) in memory.checked
-    probe = None if checked else Probe(layout)
+    probe = None if ctx.engine_checked else Probe(layout)
 
     # Batch 1: the new parts (invariants 2, 3), and the engine check's first request.
     calls = [layout.put(k, body, role) for k, (body, role) in writes.items()]
@@ -193,7 +192,7 @@ def _save(
     memory.unsure(ctx.scope, state_id, wid)
     outcome, *_ = yield from send([put, *cleanup], layout.root)
     if probe is not None:
-        memory.checked.add((layout.endpoint, layout.bucket))
+        ctx.engine_passed()
     code = error_code(outcome)
     if code in PRECONDITION_CODES:
         sent = memory.tick()

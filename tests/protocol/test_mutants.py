@@ -192,7 +192,7 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
         "the engine not checked (invariant 11)",
         _save,
-        "probe = None if checked else Probe(layout)",
+        "probe = None if ctx.engine_checked else Probe(layout)",
         "probe = None",
         {"lying": True},
     ),
