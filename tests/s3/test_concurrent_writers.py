@@ -244,3 +244,41 @@ def test_a_concurrent_create_of_one_id_by_one_store_object_loses_as_any_creator(
     assert isinstance(lost[0], StateExistsError), outcomes
     record = stores.new().read("one-id")
     assert record is not None and record.entries == entry_dicts(0, 1, text=f"writer {won[0]}")
+
+
+# A delete that saves overtake ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overtaken", [5, 6])
+async def test_a_delete_overtaken_by_saves(mode: Mode, stores: Stores, overtaken: int) -> None:
+    """Another process saves just before each of the delete's tombstone PUTs: the delete GETs
+    the head again and puts its tombstone over the newer one, 6 tries in all. After 5 saves
+    it wins and removes what they made too; after 6 it stops with ConcurrentWriteError and
+    the State, with every save, is as its writer left it."""
+    writer = stores.new()
+    state = State("busy", id="busy")
+    writer.save(state)
+    saves = 0
+
+    def save_first(params: dict[str, Any], **kwargs: Any) -> None:
+        nonlocal saves
+        tombstone = params["headers"].get("x-amz-meta-alpineagents-s3") == "tombstone"
+        if tombstone and saves < overtaken:
+            saves += 1
+            tool_turn(state, saves)
+            writer.save(state)  # another process: its own memory and client
+
+    deleter = stores.io(mode, event_hooks={"before-call.s3.PutObject": save_first})
+    if overtaken == 6:
+        with pytest.raises(ConcurrentWriteError, match=r"'busy' in s3://.* saved 6 times"):
+            await deleter.delete_with("busy")
+        loaded = await stores.io(mode).load("busy")
+        assert loaded.history == state.history and len(state.history) == 13
+    else:
+        assert await deleter.delete_with("busy") is not None
+        assert saves == 5
+        assert await stores.io(mode).get("busy") is None
+        assert [o.role for o in await objects(deleter, "busy")] == ["tombstone"]
+        tool_turn(state, 9)
+        with pytest.raises(KeyError, match="busy"):
+            writer.save(state)
