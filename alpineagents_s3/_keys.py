@@ -46,6 +46,38 @@ _PROBE_NAME: Final = re.compile(rf"{_WID}\.json")
 _FOLDER: Final = re.compile(rf"({_ID})/({_WID})/[^/]+")
 
 
+SSE_MODES: Final = ("AES256", "aws:kms", "aws:kms:dsse")
+
+
+def root_of(prefix: object) -> str:
+    """The prefix as keys begin with it (``""`` or ending in ``/``), or ``ValueError``."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix is a string, not {type(prefix).__name__}")
+    root = prefix.strip("/")
+    for folder in root.split("/") if root else []:
+        if folder in ("", ".", ".."):
+            raise ValueError(
+                f"invalid prefix {prefix!r}: the folder name {folder!r} is empty, '.' or '..'; "
+                "S3 keeps such names as they are, so the States would not be where the prefix "
+                "seems to say"
+            )
+        if any(ord(c) < 32 or ord(c) == 127 for c in folder):
+            raise ValueError(f"invalid prefix {prefix!r}: it holds a control character")
+    return f"{root}/" if root else ""
+
+
+def sse_params(mode: str | None, kms_key_id: str | None) -> dict[str, str]:
+    """Every PUT's encryption parameters (S3Store's SSE arguments), or ``ValueError``."""
+    if kms_key_id and mode is None:
+        mode = "aws:kms"
+    if mode is not None and mode not in SSE_MODES:
+        raise ValueError(f"server_side_encryption must be one of {SSE_MODES}, not {mode!r}")
+    if kms_key_id and not str(mode).startswith("aws:kms"):
+        raise ValueError("sse_kms_key_id needs server_side_encryption='aws:kms'")
+    sse = {"ServerSideEncryption": mode} if mode else {}
+    return sse | ({"SSEKMSKeyId": kms_key_id} if kms_key_id else {})
+
+
 def new_wid() -> str:
     """A write id: 64 random bits as 16 hex digits, new for every save (and probe)."""
     return secrets.token_hex(8)

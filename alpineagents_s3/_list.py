@@ -33,11 +33,22 @@ from alpineagents_s3.errors import (
     SchemaVersionError,
 )
 
-__all__ = ["StoredObject", "list_states", "objects"]
+__all__ = ["StoredObject", "check_limit", "list_states", "objects"]
 
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 # LastModified is given to the second: a head saved at 12:00:05.9 may say 12:00:05.
 _TICK = timedelta(seconds=1)
+
+
+def check_limit(limit: object) -> int | None:
+    """``limit`` of ``list``: ``None`` or a whole number >= 0, else ``TypeError``/``ValueError``."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit is a whole number of States or None, not {limit!r}")
+    if limit < 0:
+        raise ValueError(f"limit must be a number of States >= 0, not {limit}")
+    return limit
 
 
 def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:

@@ -3,9 +3,6 @@
 Every operation is a generator of steps (``_save``, ``_load``, ``_list``, ``_delete``,
 ``_sweep``, ``_engine``); this class checks its arguments, knows its identity and hands the
 steps to the sync or the async driver. Nothing here decides what is sent.
-
-(Over 400 lines: the public class, with the sync and the async twin of every method side by
-side and the docstrings users read; each method is a line or two that hands its steps on.)
 """
 
 from __future__ import annotations
@@ -25,8 +22,8 @@ from alpineagents_s3._clients import Clients, endpoint_identity
 from alpineagents_s3._contract import DELETE_OF_UNKNOWN_RAISES, Record, Store, Summary, make_record
 from alpineagents_s3._delete import Deleted, delete
 from alpineagents_s3._engine import Check, doctor
-from alpineagents_s3._keys import Layout
-from alpineagents_s3._list import StoredObject, list_states, objects
+from alpineagents_s3._keys import Layout, root_of, sse_params
+from alpineagents_s3._list import StoredObject, check_limit, list_states, objects
 from alpineagents_s3._load import read
 from alpineagents_s3._memory import MEMORY, Ctx, Memory
 from alpineagents_s3._save import write
@@ -43,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = ["S3Store"]
 
-_SSE_MODES: Final = ("AES256", "aws:kms", "aws:kms:dsse")
 # How the core names an entry it cannot rebuild ("the history entry read at position 3").
 _POSITION: Final = re.compile(r"entry read at position (\d+)")
 
@@ -115,17 +111,9 @@ class S3Store(Store):
             raise TypeError(f"max_concurrency is a whole number, not {max_concurrency!r}")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
-        if sse_kms_key_id and server_side_encryption is None:
-            server_side_encryption = "aws:kms"
-        if server_side_encryption is not None and server_side_encryption not in _SSE_MODES:
-            raise ValueError(
-                f"server_side_encryption must be one of {_SSE_MODES}, not "
-                f"{server_side_encryption!r}"
-            )
-        if sse_kms_key_id and not str(server_side_encryption).startswith("aws:kms"):
-            raise ValueError("sse_kms_key_id needs server_side_encryption='aws:kms'")
+        sse = sse_params(server_side_encryption, sse_kms_key_id)
         self.bucket = bucket
-        self.prefix = _check_prefix(prefix)
+        self.prefix = root_of(prefix)
         self.endpoint_url = endpoint_url
         self.region_name = region_name
         self.max_concurrency = max_concurrency
@@ -143,11 +131,6 @@ class S3Store(Store):
         )
         self._given_client = client
         self._identity: tuple[str, str, str] | None = None
-        sse: dict[str, str] = {}
-        if server_side_encryption:
-            sse["ServerSideEncryption"] = server_side_encryption
-        if sse_kms_key_id:
-            sse["SSEKMSKeyId"] = sse_kms_key_id
         self._closed = False
         self._memory: Memory = MEMORY
         endpoint = endpoint_url or (client.meta.endpoint_url if client else "the S3 endpoint")
@@ -266,7 +249,7 @@ class S3Store(Store):
         State (per State returned, with ``limit``). Raises ``IncompleteListError`` when a State
         could not be read; it holds the others.
         """
-        limit = _check_limit(limit)
+        limit = check_limit(limit)
         return self._run(lambda ctx: list_states(ctx, limit))
 
     # The contract's delete returns nothing; this one says what it removed.
@@ -342,7 +325,7 @@ class S3Store(Store):
 
     async def alist(self, *, limit: int | None = None) -> builtins.list[Summary]:
         """Async ``list``, on aioboto3."""
-        limit = _check_limit(limit)
+        limit = check_limit(limit)
         return await self._arun(lambda ctx: list_states(ctx, limit))
 
     async def adelete(  # type: ignore[override]  # as delete
@@ -416,34 +399,6 @@ class S3Store(Store):
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
-
-
-def _check_prefix(prefix: object) -> str:
-    """The prefix as keys begin with it (``""`` or ending in ``/``), or ``ValueError``."""
-    if not isinstance(prefix, str):
-        raise TypeError(f"prefix is a string, not {type(prefix).__name__}")
-    root = prefix.strip("/")
-    folders = root.split("/") if root else []
-    for folder in folders:
-        if folder in ("", ".", ".."):
-            raise ValueError(
-                f"invalid prefix {prefix!r}: the folder name {folder!r} is empty, '.' or '..'; "
-                "S3 keeps such names as they are, so the States would not be where the prefix "
-                "seems to say"
-            )
-        if any(ord(c) < 32 or ord(c) == 127 for c in folder):
-            raise ValueError(f"invalid prefix {prefix!r}: it holds a control character")
-    return f"{root}/" if root else ""
-
-
-def _check_limit(limit: object) -> int | None:
-    if limit is None:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit is a whole number of States or None, not {limit!r}")
-    if limit < 0:
-        raise ValueError(f"limit must be a number of States >= 0, not {limit}")
-    return limit
 
 
 def _pool_of(client: Any) -> int:
