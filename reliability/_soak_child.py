@@ -18,11 +18,13 @@ at the one the parent planned. It leaves the parent small files in the work fold
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import random
 import re
 import signal
+import sys
 import time
 import traceback
 import uuid
@@ -337,6 +339,8 @@ def child_main(target: Target, plan: Plan) -> NoReturn:
         log = os.open(child.path("log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(log, 1)
         os.dup2(log, 2)
+        # The parent sends SIGUSR1 to a child that does not end in time: every thread's stack.
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
         _run_child(target, child)
         status = 0
         report(child, "exit", {"ticks": dict(child.trigger.counts)})

@@ -241,6 +241,9 @@ def run_child(target: Target, plan: Plan) -> Ended:
         status = wait_for(pid, TERM_GRACE if sent == signal.SIGTERM else CHILD_TIMEOUT)
     if status is None:
         hung = True
+        os.kill(pid, signal.SIGUSR1)  # its threads' stacks, into its log
+        status = wait_for(pid, 1.0)
+    if status is None:
         os.kill(pid, signal.SIGKILL)
         status = wait_for(pid, CHILD_TIMEOUT)
         if status is None:
@@ -293,6 +296,17 @@ def skipped_by_notices(history: Sequence[HistoryEntry]) -> set[int]:
     return skipped
 
 
+def stacks(log: Path) -> str:
+    """The thread stacks a hung child wrote to its log on SIGUSR1, indented."""
+    try:
+        text = log.read_text(errors="replace")
+    except FileNotFoundError:
+        return "    (no log)"
+    starts = [i for i in (text.find("Thread 0x"), text.find("Current thread 0x")) if i >= 0]
+    dump = text[min(starts) :] if starts else "(none written)"
+    return "\n".join(f"    {line}" for line in dump.strip().splitlines())
+
+
 def s3_failed(target: Target, watch: Watch, plan: Plan, ended: Ended) -> bool:
     """Whether the child ended by a plain ``S3StoreError`` (not judged here; counted)."""
     if ended.hung or ended.status != ERROR_STATUS:
@@ -323,7 +337,10 @@ def check(
     n = plan.number
     status = ended.status
     if ended.hung:
-        found.append(f"child {n} did not end within its time ({plan.point}, signal {plan.signum})")
+        found.append(
+            f"child {n} did not end within its time ({plan.point}, signal {plan.signum});"
+            f" its stacks:\n{stacks(work / f'{watch.state_id}.log')}"
+        )
     elif s3_failed(target, watch, plan, ended):
         failures["children"] += 1
     elif status == ERROR_STATUS:

@@ -137,3 +137,44 @@ def test_a_store_that_drops_saves_is_caught(store: str) -> None:
     for caught in CAUGHT[store]:
         assert re.search(rf"^  {store}: soak-\w+: \[[^]]+\] {caught}", out, re.MULTILINE), out
     assert re.search(r"^total: \d+ kills, [1-9]\d* violations, ", out, re.MULTILINE)
+
+
+HUNG_CHILD = """
+import faulthandler, os, signal, sys, time
+sys.path.insert(0, "reliability")
+from kill_soak import stacks, wait_for
+
+log = sys.argv[1]
+pid = os.fork()
+if pid == 0:  # what _soak_child.child_main does with its log, then a wait that never ends
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    def waits_for_ever():
+        time.sleep(3600)
+    waits_for_ever()
+time.sleep(0.5)
+os.kill(pid, signal.SIGUSR1)
+assert wait_for(pid, 1.0) is None
+os.kill(pid, signal.SIGKILL)
+wait_for(pid, 10)
+from pathlib import Path
+print(stacks(Path(log)))
+print(stacks(Path(log + ".absent")))
+"""
+
+
+def test_a_hung_child_leaves_the_stack_it_hung_in(tmp_path: Path) -> None:
+    """The runner's SIGUSR1 makes a hung child write its stacks; the violation quotes them."""
+    done = subprocess.run(
+        [sys.executable, "-c", HUNG_CHILD, str(tmp_path / "hung.log")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Current thread 0x" in done.stdout
+    assert "in waits_for_ever" in done.stdout
+    assert done.stdout.rstrip().endswith("    (no log)")
