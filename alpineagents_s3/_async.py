@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from alpineagents_s3._lock import HandoffLock
-from alpineagents_s3._steps import Call, Hold, Outcome, Release, Steps
+from alpineagents_s3._steps import Call, Hold, Outcome, Steps
 
 T = TypeVar("T")
 
@@ -87,17 +87,15 @@ class AsyncDriver:
 
     async def run(self, steps: Steps[T]) -> T:
         """Drive ``steps`` to its result; locks it still holds are released when it ends."""
+        owner = object()  # this operation, as the holder of the locks it takes
         held: list[HandoffLock] = []
         try:
             step = next(steps)
             while True:
                 outcomes: list[Outcome] = []
                 if isinstance(step, Hold):
-                    await step.lock.aacquire()
-                    held.append(step.lock)
-                elif isinstance(step, Release):
-                    held.remove(step.lock)
-                    step.lock.release()
+                    held.append(step.lock)  # first: released (if held) whatever comes next
+                    await step.lock.aacquire(owner)
                 else:
                     if step.delay:
                         await asyncio.sleep(step.delay)
@@ -109,7 +107,7 @@ class AsyncDriver:
         finally:
             steps.close()
             for lock in reversed(held):
-                lock.release()
+                lock.release(owner)
 
     async def _call_all(self, calls: Any) -> list[Outcome]:
         client = await self.client()

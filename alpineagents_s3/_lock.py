@@ -14,72 +14,87 @@ import threading
 import weakref
 from collections import deque
 
+# How a waiter is woken: a thread's event, or a task's future resolved in its own loop.
+_Wake = threading.Event | tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+
 
 class HandoffLock:
     """A fair lock, acquired with :meth:`acquire` by threads and :meth:`aacquire` by tasks.
 
-    Not reentrant. A task cancelled while it waits leaves the queue, or, if the lock was handed
-    to it at that moment, hands it on: a cancellation never leaves the lock held.
+    Each holder is named by an ``owner`` (any object; the drivers use one per operation), and
+    :meth:`release` by anyone else does nothing. So a driver can always release in its
+    ``finally`` whatever it may hold: an exception that lands anywhere (a cancellation, or a
+    signal handler's ``KeyboardInterrupt``/``SystemExit`` between two bytecodes) never leaves
+    the lock held, nor a waiter queued. Not reentrant.
     """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._held = False
-        self._waiters: deque[
-            threading.Event | tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]
-        ] = deque()
+        self._owner: object | None = None
+        self._waiters: deque[tuple[object, _Wake]] = deque()
 
     @property
     def locked(self) -> bool:
         """Whether the lock is held."""
-        return self._held
+        return self._owner is not None
 
-    def acquire(self) -> None:
-        """Wait until the lock is free (or handed over), and hold it."""
+    def acquire(self, owner: object) -> None:
+        """Wait until the lock is free (or handed to ``owner``), and hold it as ``owner``."""
         with self._guard:
-            if not self._held:
-                self._held = True
+            if self._owner is None:
+                self._owner = owner
                 return
-            event = threading.Event()
-            self._waiters.append(event)
-        event.wait()  # set by release: the lock is ours, still marked held
+            waiter = (owner, threading.Event())
+            self._waiters.append(waiter)
+        try:
+            waiter[1].wait()  # set by release, which made owner the holder
+        except BaseException:
+            self._leave(waiter)
+            raise
 
-    async def aacquire(self) -> None:
+    async def aacquire(self, owner: object) -> None:
         """Wait, without blocking the event loop, until the lock is free, and hold it."""
         loop = asyncio.get_running_loop()
         with self._guard:
-            if not self._held:
-                self._held = True
+            if self._owner is None:
+                self._owner = owner
                 return
-            waiter = (loop, loop.create_future())
+            future: asyncio.Future[None] = loop.create_future()
+            waiter: tuple[object, _Wake] = (owner, (loop, future))
             self._waiters.append(waiter)
         try:
-            await waiter[1]
-        except asyncio.CancelledError:
-            with self._guard:
-                if waiter in self._waiters:  # still waiting: just leave the queue
-                    self._waiters.remove(waiter)
-                    raise
-            self.release()  # it was handed to us as we were cancelled: hand it on
+            await future
+        except BaseException:
+            self._leave(waiter)
             raise
 
-    def release(self) -> None:
-        """Hand the lock to the oldest waiter, or free it."""
+    def release(self, owner: object) -> None:
+        """Hand the lock to the oldest waiter, or free it, if ``owner`` holds it."""
         with self._guard:
-            if not self._held:
-                raise RuntimeError("release of a HandoffLock that is not held")
+            if self._owner is not owner:
+                return
             while self._waiters:
-                waiter = self._waiters.popleft()
-                if isinstance(waiter, threading.Event):
-                    waiter.set()
+                waiter, wake = self._waiters.popleft()
+                if isinstance(wake, threading.Event):
+                    self._owner = waiter
+                    wake.set()
                     return
-                loop, future = waiter
+                loop, future = wake
                 try:
                     loop.call_soon_threadsafe(_resolve, future)
                 except RuntimeError:  # its loop was closed: that waiter is gone
                     continue
+                self._owner = waiter
                 return
-            self._held = False
+            self._owner = None
+
+    def _leave(self, waiter: tuple[object, _Wake]) -> None:
+        """A waiter that stops waiting leaves the queue, or hands on the lock handed to it."""
+        with self._guard:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                return
+        self.release(waiter[0])
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

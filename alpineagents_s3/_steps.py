@@ -2,9 +2,8 @@
 
 Each store operation is a generator of steps. It yields a :class:`Batch` of S3 calls and receives
 one outcome per call: the response (a GetObject's ``Body`` already read into bytes) or the
-exception the client raised. It yields :class:`Hold` to run a part exclusively among the
-operations of one store object, and :class:`Release` to end that part. Its return value is the
-operation's result.
+exception the client raised. It yields :class:`Hold` to run the rest of it exclusively among
+the operations of the process on one State. Its return value is the operation's result.
 
 A *driver* runs the steps: ``_sync.SyncDriver`` with boto3 on a thread pool, ``_async.AsyncDriver``
 with aioboto3 as tasks, and the tests' scripted driver with canned outcomes. Drivers make calls and
@@ -57,25 +56,18 @@ class Batch:
 
 @dataclass(frozen=True)
 class Hold:
-    """Acquire ``lock``; the driver releases it at :class:`Release` or when the operation ends."""
+    """Acquire ``lock``; the driver releases it when the operation ends, however it ends."""
 
     lock: HandoffLock
 
 
-@dataclass(frozen=True)
-class Release:
-    """Release a lock acquired with :class:`Hold` by this operation."""
-
-    lock: HandoffLock
-
-
-Step: TypeAlias = Batch | Hold | Release
+Step: TypeAlias = Batch | Hold
 # A response as the client returns it (a GetObject's "Body" already read into bytes).
 Response: TypeAlias = dict[str, Any]
 # The response of a call, or what the client raised.
 Outcome: TypeAlias = Response | Exception
-# An operation: it yields steps, is sent the outcomes of each Batch (nothing for Hold and
-# Release), and returns T.
+# An operation: it yields steps, is sent the outcomes of each Batch (nothing for a Hold),
+# and returns T.
 Steps: TypeAlias = Generator[Step, list[Outcome], T]
 
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from alpineagents_s3._lock import HandoffLock
-from alpineagents_s3._steps import Call, Hold, Outcome, Release, Steps
+from alpineagents_s3._steps import Call, Hold, Outcome, Steps
 
 T = TypeVar("T")
 
@@ -58,17 +58,15 @@ class SyncDriver:
 
     def run(self, steps: Steps[T]) -> T:
         """Drive ``steps`` to its result; locks it still holds are released when it ends."""
+        owner = object()  # this operation, as the holder of the locks it takes
         held: list[HandoffLock] = []
         try:
             step = next(steps)
             while True:
                 outcomes: list[Outcome] = []
                 if isinstance(step, Hold):
-                    step.lock.acquire()
-                    held.append(step.lock)
-                elif isinstance(step, Release):
-                    held.remove(step.lock)
-                    step.lock.release()
+                    held.append(step.lock)  # first: released (if held) whatever comes next
+                    step.lock.acquire(owner)
                 else:
                     if step.delay:
                         time.sleep(step.delay)
@@ -80,7 +78,7 @@ class SyncDriver:
         finally:
             steps.close()
             for lock in reversed(held):
-                lock.release()
+                lock.release(owner)
 
     def _call_all(self, calls: Any) -> list[Outcome]:
         client = self.client

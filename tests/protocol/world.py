@@ -32,7 +32,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from alpineagents_s3 import _delete, _keys, _list, _load, _pack, _save, _sweep
 from alpineagents_s3._keys import Layout
 from alpineagents_s3._memory import Bodies, Ctx, Memory
-from alpineagents_s3._steps import Batch, Call, Hold, Outcome, Release, Steps
+from alpineagents_s3._steps import Batch, Call, Hold, Outcome, Steps
 from alpineagents_s3.errors import (
     ConcurrentWriteError,
     ConditionalWritesUnsupportedError,
@@ -464,7 +464,7 @@ class World:
     def _advance(self, process: Process, op: Op, outcomes: list[Outcome] | None) -> None:
         try:
             step = next(op.steps) if outcomes is None else op.steps.send(outcomes)
-            while isinstance(step, Hold | Release) or not step.calls:
+            while isinstance(step, Hold) or not step.calls:
                 step = op.steps.send([])
         except StopIteration as done:
             del process.ops[op.role]
