@@ -198,3 +198,23 @@ async def test_an_exception_just_after_a_task_takes_the_lock_does_not_keep_it(
     assert [e.text for e in (await store.aload("k")).history][-1:] == ["interrupted"]
     await store.aclose()
     store.close()
+
+
+def test_the_lock_is_released_only_by_its_holder_and_an_interrupted_waiter_leaves(
+    alarm: None,
+) -> None:
+    """The lock alone (no server, fast tier): what the drivers' ``finally`` relies on."""
+    lock, holder, waiter, third = HandoffLock(), object(), object(), object()
+    lock.acquire(holder)
+    lock.release(waiter)  # not its holder: nothing happens
+    assert lock.locked
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    with pytest.raises(Interrupted):
+        lock.acquire(waiter)  # waits for the holder until the signal comes
+    lock.release(waiter)  # as a driver's finally does: it never got the lock
+    assert lock.locked
+    lock.release(holder)
+    assert not lock.locked  # not handed to the waiter that left
+    lock.acquire(third)
+    lock.release(third)
+    assert not lock.locked
