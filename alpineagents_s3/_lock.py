@@ -25,7 +25,10 @@ class HandoffLock:
     :meth:`release` by anyone else does nothing. So a driver can always release in its
     ``finally`` whatever it may hold: an exception that lands anywhere (a cancellation, or a
     signal handler's ``KeyboardInterrupt``/``SystemExit`` between two bytecodes) never leaves
-    the lock held, nor a waiter queued. Not reentrant.
+    the lock held, nor a waiter queued. The sync driver's owner is its thread, which runs one
+    operation at a time: a hold of its own that it meets again is left by an operation that an
+    exception ended before its ``finally`` released it (a signal can land there too), and it
+    takes it over instead of waiting for itself.
     """
 
     def __init__(self) -> None:
@@ -41,7 +44,7 @@ class HandoffLock:
     def acquire(self, owner: object) -> None:
         """Wait until the lock is free (or handed to ``owner``), and hold it as ``owner``."""
         with self._guard:
-            if self._owner is None:
+            if self._owner is None or self._owner is owner:  # an owner never waits for itself
                 self._owner = owner
                 return
             waiter = (owner, threading.Event())

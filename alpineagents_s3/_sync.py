@@ -58,7 +58,7 @@ class SyncDriver:
 
     def run(self, steps: Steps[T]) -> T:
         """Drive ``steps`` to its result; locks it still holds are released when it ends."""
-        owner = object()  # this operation, as the holder of the locks it takes
+        owner = threading.current_thread()  # the holder of the locks it takes (_lock.py)
         held: list[HandoffLock] = []
         try:
             step = next(steps)

@@ -218,3 +218,38 @@ def test_the_lock_is_released_only_by_its_holder_and_an_interrupted_waiter_leave
     lock.acquire(third)
     lock.release(third)
     assert not lock.locked
+
+
+def test_a_signal_inside_the_release_does_not_keep_the_lock_from_the_next_save(
+    alarm: None, monkeypatch: pytest.MonkeyPatch, moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    """The signal lands in the driver's ``finally``, before the release: the lock stays held
+    by this thread, whose next save (the Agent's, on the same thread) takes it over."""
+    released = HandoffLock.release
+    armed = [True]
+
+    def interrupted_release(self: HandoffLock, owner: object) -> None:
+        if armed:
+            armed.clear()
+            raise Interrupted
+        released(self, owner)
+
+    store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
+    state = State("interrupted", id="r")
+    store.save(state)
+    monkeypatch.setattr(HandoffLock, "release", interrupted_release)
+    state.add_user_message("saved, then interrupted")
+    try:
+        store.save(state)
+    except Interrupted:
+        state.add_user_message("the Agent's last save")
+        signal.setitimer(signal.ITIMER_REAL, 20)  # a hang fails the test instead
+        store.save(state)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    else:
+        pytest.fail("the save was not interrupted")
+    assert [e.text for e in store.load("r").history][-2:] == [
+        "saved, then interrupted",
+        "the Agent's last save",
+    ]
+    store.close()
