@@ -60,9 +60,11 @@ def saves_within(store: S3Store, state: State, seconds: float = 20) -> None:
     assert outcome == [None]
 
 
-def test_a_signal_while_a_save_waits_for_the_lock_does_not_keep_it(
-    alarm: None, moto_url: str, moto_bucket: MakeBucket
-) -> None:
+def holding(
+    url: str, bucket: str, state_id: str
+) -> tuple[S3Store, threading.Thread, threading.Event]:
+    """A store whose thread "holder" is inside a save of ``state_id`` (so holds its lock),
+    paused in a PUT until the event returned is set."""
     in_put, go_on = threading.Event(), threading.Event()
 
     def hold_in_thread(**kwargs: Any) -> None:
@@ -71,15 +73,21 @@ def test_a_signal_while_a_save_waits_for_the_lock_does_not_keep_it(
             assert go_on.wait(20)
 
     store = S3Store(
-        moto_bucket(), "runs", endpoint_url=moto_url,
-        event_hooks={"before-send.s3.PutObject": hold_in_thread},
-    )  # fmt: skip
-    state = State("interrupted", id="i")
+        bucket, "runs", endpoint_url=url, event_hooks={"before-send.s3.PutObject": hold_in_thread}
+    )
+    state = State("interrupted", id=state_id)
     store.save(state)
     state.add_user_message("saved by the holder")
     holder = threading.Thread(target=store.save, args=(state,), name="holder")
     holder.start()
-    assert in_put.wait(20)  # the holder's save holds the State's lock, inside a PUT
+    assert in_put.wait(20)
+    return store, holder, go_on
+
+
+def test_a_signal_while_a_save_waits_for_the_lock_does_not_keep_it(
+    alarm: None, moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    store, holder, go_on = holding(moto_url, moto_bucket(), "i")
 
     mine = store.load("i")
     mine.data = {"by": "main"}
@@ -132,23 +140,7 @@ def test_a_signal_just_after_the_lock_is_taken_does_not_keep_it(
 async def test_a_task_cancelled_while_its_save_waits_for_the_lock_does_not_keep_it(
     moto_url: str, moto_bucket: MakeBucket
 ) -> None:
-    in_put, go_on = threading.Event(), threading.Event()
-
-    def hold_in_thread(**kwargs: Any) -> None:
-        if threading.current_thread().name == "holder":
-            in_put.set()
-            assert go_on.wait(20)
-
-    store = S3Store(
-        moto_bucket(), "runs", endpoint_url=moto_url,
-        event_hooks={"before-send.s3.PutObject": hold_in_thread},
-    )  # fmt: skip
-    state = State("cancelled", id="c")
-    await store.asave(state)
-    state.add_user_message("saved by the holder")
-    holder = threading.Thread(target=store.save, args=(state,), name="holder")
-    holder.start()
-    assert await asyncio.to_thread(in_put.wait, 20)
+    store, holder, go_on = await asyncio.to_thread(holding, moto_url, moto_bucket(), "c")
 
     mine = await store.aload("c")
     mine.data = {"by": "task"}
