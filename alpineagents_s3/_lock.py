@@ -21,7 +21,8 @@ _Wake = threading.Event | tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]
 class HandoffLock:
     """A fair lock, acquired with :meth:`acquire` by threads and :meth:`aacquire` by tasks.
 
-    Each holder is named by an ``owner`` (any object; the drivers use one per operation), and
+    Each holder is named by an ``owner`` (any object: the async driver makes one per operation,
+    the sync driver names its thread), and
     :meth:`release` by anyone else does nothing. So a driver can always release in its
     ``finally`` whatever it may hold: an exception that lands anywhere (a cancellation, or a
     signal handler's ``KeyboardInterrupt``/``SystemExit`` between two bytecodes) never leaves
@@ -77,9 +78,9 @@ class HandoffLock:
             if self._owner is not owner:
                 return
             while self._waiters:
-                waiter, wake = self._waiters.popleft()
+                heir, wake = self._waiters.popleft()
                 if isinstance(wake, threading.Event):
-                    self._owner = waiter
+                    self._owner = heir
                     wake.set()
                     return
                 loop, future = wake
@@ -87,7 +88,7 @@ class HandoffLock:
                     loop.call_soon_threadsafe(_resolve, future)
                 except RuntimeError:  # its loop was closed: that waiter is gone
                     continue
-                self._owner = waiter
+                self._owner = heir
                 return
             self._owner = None
 
