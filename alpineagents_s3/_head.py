@@ -18,12 +18,16 @@ from alpineagents_s3._codec import dumps, loads
 from alpineagents_s3._keys import Layout
 from alpineagents_s3.errors import CorruptStateError, SchemaVersionError
 
-__all__ = ["FORMAT", "Head", "Part"]
+__all__ = ["FORMAT", "SMALLEST_HEAD", "Head", "Part"]
 
 # The head's format. A newer one is refused with SchemaVersionError, never misread.
 FORMAT: Final = 1
 FORMAT_FIELD: Final = "alpineagents-s3"
 _WID: Final = re.compile(r"[0-9a-f]{16}")
+# Every head of a State is at least this long (padded with spaces), and a tombstone head is
+# shorter (about 310 bytes at most): a listing passes over a smaller object without a GET
+# (invariant 13).
+SMALLEST_HEAD: Final = 512
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,10 @@ class Head:
         }
         if self.deleted:
             doc["deleted"] = True
-        return dumps(doc, f"the snapshot of State {self.state_id!r}")
+        body = dumps(doc, f"the snapshot of State {self.state_id!r}")
+        if not self.deleted and len(body) < SMALLEST_HEAD:
+            body += b" " * (SMALLEST_HEAD - len(body))  # JSON allows trailing spaces
+        return body
 
     @classmethod
     def decode(cls, body: bytes, where: str, state_id: str) -> Head:

@@ -1,9 +1,10 @@
 """Listing States: one LIST of ``heads/``, then a GET of each head (docs/protocol.md, "List").
 
-The listing is used as a set (invariant 10). Each summary is the installed core's own, made from
-the head's snapshot. A head deleted between the LIST and its GET is left out; one that cannot be
-read is named in :class:`~alpineagents_s3.errors.IncompleteListError`, which still holds every
-summary that was read.
+The listing is used as a set (invariant 10). An object smaller than any head of a State (a
+tombstone head) is passed over without a GET (invariant 13). Each summary is the installed
+core's own, made from the head's snapshot. A head deleted between the LIST and its GET is left
+out; one that cannot be read is named in :class:`~alpineagents_s3.errors.IncompleteListError`,
+which still holds every summary that was read.
 
 With ``limit=k`` the heads are fetched newest first by ``LastModified`` (the time of their last
 save), and the list stops when the k newest ``updated_at`` found are at least a second newer
@@ -21,7 +22,7 @@ from typing import Any
 
 from alpineagents_s3._codec import validate_id
 from alpineagents_s3._contract import Summary, newest_first, summarize
-from alpineagents_s3._head import Head
+from alpineagents_s3._head import SMALLEST_HEAD, Head
 from alpineagents_s3._keys import fail, list_all
 from alpineagents_s3._memory import Ctx
 from alpineagents_s3._steps import Steps, error_code, send
@@ -60,8 +61,11 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
     candidates: list[tuple[datetime, str]] = []
     for obj in listed:
         state_id = layout.id_of_head(obj["Key"])
-        if state_id is not None:  # anything else in heads/ is not a head's name: not ours
-            candidates.append((_as_utc(obj.get("LastModified")), state_id))
+        if state_id is None:  # anything else in heads/ is not a head's name: not ours
+            continue
+        if isinstance(size := obj.get("Size"), int) and size < SMALLEST_HEAD:
+            continue  # a tombstone head (a deleted State), or not ours: no State (invariant 13)
+        candidates.append((_as_utc(obj.get("LastModified")), state_id))
     candidates.sort(reverse=True)
     found: list[Summary] = []
     failed: dict[str, S3StoreError] = {}

@@ -17,13 +17,27 @@ from types import ModuleType
 
 import pytest
 
-from alpineagents_s3 import _delete, _engine, _load, _memory, _pack, _save, _sweep
+from alpineagents_s3 import _delete, _engine, _head, _list, _load, _memory, _pack, _save, _sweep
 from tests.protocol.world import InvariantError, explore, run_scenarios
 
 BUDGET = int(os.environ.get("ALPINEAGENTS_MUTANT_SCHEDULES", "4000"))
 
 # (name, module, the guard as it stands in the source, what the mutant has instead, world)
 MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
+    (
+        "a small head not padded: listed as a tombstone (invariant 13)",
+        _head,
+        "if not self.deleted and len(body) < SMALLEST_HEAD:",
+        "if False:",
+        {},
+    ),
+    (
+        "a listing that passes over heads of States too (invariants 10, 13)",
+        _list,
+        "size < SMALLEST_HEAD:",
+        "size < 4 * SMALLEST_HEAD:",
+        {},
+    ),
     (
         "head PUT without If-Match (invariant 4)",
         _save,

@@ -48,6 +48,8 @@ ID = "s"
 ROOT = "runs/"
 LAYOUT = Layout(bucket="b", root=ROOT, endpoint="http://model", sse={})
 HEAD = LAYOUT.head_key(ID)
+# The size a head of a State is at least, by the record's rule (invariant 13).
+SMALLEST_HEAD = 512
 SCOPE = ("http://model", "b", ROOT)
 # What can happen to a request, and how often (of 54).
 FAULTS = [("ok", 40), ("fail", 3), ("lost", 3), ("retried", 3), ("conflict", 3), ("kill", 2)]
@@ -441,8 +443,11 @@ class World:
                 )
 
     def check(self) -> None:
-        """Invariants 1, 3 and 7: the current head names parts that hold its entries."""
-        oracle(self.bucket)
+        """Invariants 1, 3, 7 and 13: the current head names parts that hold its entries."""
+        if oracle(self.bucket) is not None and len(self.bucket.body(HEAD) or b"") < SMALLEST_HEAD:
+            raise InvariantError(
+                f"invariant 13: the head of a State is smaller than {SMALLEST_HEAD} bytes"
+            )
 
     def _kill(self, process: Process) -> None:
         self.log.append(f"  {process.name} killed")
@@ -523,11 +528,17 @@ class World:
             value = error.states
         elif error is not None:
             return
+        during = [c for _, c in self._during(op)]
         stamps = {
             json.loads(c.snapshot)["updated_at"]
-            for _, c in self._during(op)
+            for c in during
             if c is not None and c.snapshot != "null"
         }
+        named = isinstance(error, IncompleteListError) and ID in error.failed
+        if not value and not named and all(c is not None and c.snapshot != "null" for c in during):
+            raise InvariantError(
+                "invariants 10, 13: list() left out a State that existed throughout it"
+            )
         for summary in value:
             if summary.updated_at.isoformat() not in stamps:
                 raise InvariantError(

@@ -241,7 +241,7 @@ def test_list_pages_past_a_thousand_states(moto_url: str, moto_bucket: MakeBucke
             "parts": [],
             "snapshot": snapshot,
         }
-        objects[f"runs/heads/s{n:04d}.json"] = (body(head), {"alpineagents-s3": "head"})
+        objects[f"runs/heads/s{n:04d}.json"] = (body(head).ljust(512), {"alpineagents-s3": "head"})
     _seed(bucket, objects)
     log = RequestLog()
     with S3Store(bucket, "runs", endpoint_url=moto_url, event_hooks=log.hooks) as store:
@@ -336,14 +336,19 @@ def test_the_async_side_follows_the_sync_sessions_profile(
 
 
 async def _list_costs(stores: Stores, mode: Mode) -> None:
-    """40 States made in a burst, then 3 a second apart: list() is a LIST and a GET a State;
-    list(limit=2) a LIST and 2 GETs, since S3's dates tell the newest apart (issue 37)."""
+    """40 States made in a burst, 10 more deleted, then 3 a second apart: list() is a LIST and
+    a GET a State, none for a deleted one (its tombstone head is smaller than any head of a
+    State); list(limit=2) a LIST and 2 GETs, since S3's dates tell the newest apart (issue 37)."""
     maker = stores.io(mode)
     for n in range(40):
         stamp = datetime.now(UTC).isoformat()
         await maker.write(
             f"burst-{n}", [], snapshot_dict(f"burst-{n}", 0, updated_at=stamp), create=True
         )
+    for n in range(10):
+        gone = f"gone-{n}"
+        await maker.write(gone, entry_dicts(0, 2), snapshot_dict(gone, 2), create=True)
+        await maker.delete(gone)
     for n in range(3):
         await asyncio.sleep(1.05)
         stamp = datetime.now(UTC).isoformat()
