@@ -25,6 +25,13 @@ BUDGET = int(os.environ.get("ALPINEAGENTS_MUTANT_SCHEDULES", "4000"))
 # (name, module, the guard as it stands in the source, what the mutant has instead, world)
 MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
+        "a tombstone head read as a State (invariant 1)",
+        _load,
+        "if head.deleted:  # the base",
+        "if False:  # the base",
+        {},
+    ),
+    (
         "a small head not padded: listed as a tombstone (invariant 13)",
         _head,
         "if not self.deleted and len(body) < SMALLEST_HEAD:",
