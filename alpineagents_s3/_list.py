@@ -63,8 +63,10 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
         state_id = layout.id_of_head(obj["Key"])
         if state_id is None:  # anything else in heads/ is not a head's name: not ours
             continue
-        if isinstance(size := obj.get("Size"), int) and size < SMALLEST_HEAD:
-            continue  # a tombstone head (a deleted State), or not ours: no State (invariant 13)
+        if isinstance(size := obj.get("Size"), int) and 0 < size < SMALLEST_HEAD:
+            # A tombstone head (a deleted State), or not ours: no State (invariant 13). A size
+            # of 0 is no tombstone's either, but an engine that gives no sizes is read.
+            continue
         candidates.append((_as_utc(obj.get("LastModified")), state_id))
     candidates.sort(reverse=True)
     found: list[Summary] = []

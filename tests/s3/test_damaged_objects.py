@@ -233,3 +233,15 @@ async def test_a_small_object_in_heads_is_no_state_to_list_but_a_load_refuses_it
     assert [s.id for s in await io.list()] == ["s"]
     with pytest.raises(CorruptStateError, match=r"runs/heads/note\.json is not the head"):
         await io.load("note")
+
+
+async def test_an_empty_object_in_heads_is_read_and_named_by_the_list(
+    mode: Mode, stores: Stores, moto: S3Client
+) -> None:
+    # Size 0 is no tombstone's: it is read (an engine that gave 0 for every size would
+    # otherwise make every list silently empty).
+    io = await saved_state(mode, stores)
+    moto.put_object(Bucket=stores.bucket, Key="runs/heads/empty.json", Body=b"")
+    with pytest.raises(IncompleteListError) as raised:
+        await io.list()
+    assert [s.id for s in raised.value.states] == ["s"] and list(raised.value.failed) == ["empty"]
