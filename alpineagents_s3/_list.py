@@ -1,10 +1,11 @@
 """Listing States: one LIST of ``heads/``, then a GET of each head (docs/protocol.md, "List").
 
 The listing is used as a set (invariant 10). An object smaller than any head of a State (a
-tombstone head) is passed over without a GET (invariant 13). Each summary is the installed
-core's own, made from the head's snapshot. A head deleted between the LIST and its GET is left
-out; one that cannot be read is named in :class:`~alpineagents_s3.errors.IncompleteListError`,
-which still holds every summary that was read.
+tombstone head) is passed over without a GET (invariant 13), and so is a head whose ETag is that
+of the head this process holds for the id. Each summary is the installed core's own, made from
+the head's snapshot. A head deleted between the LIST and its GET is left out; one that cannot be
+read is named in :class:`~alpineagents_s3.errors.IncompleteListError`, which still holds every
+summary that was read.
 
 With ``limit=k`` the heads are fetched newest first by ``LastModified`` (the time of their last
 save), and the list stops when the k newest ``updated_at`` found are at least a second newer
@@ -59,6 +60,7 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
         return []
     listed = yield from list_all(layout, layout.heads)
     candidates: list[tuple[datetime, str]] = []
+    held: dict[str, Head] = {}  # heads this process holds, by the LIST's ETag: not read again
     for obj in listed:
         state_id = layout.id_of_head(obj["Key"])
         if state_id is None:  # anything else in heads/ is not a head's name: not ours
@@ -68,6 +70,9 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
             # of 0 is no tombstone's either, but an engine that gives no sizes is read.
             continue
         candidates.append((_as_utc(obj.get("LastModified")), state_id))
+        seen = ctx.seen(state_id)
+        if seen.head is not None and seen.etag is not None and seen.etag == obj.get("ETag"):
+            held[state_id] = seen.head
     candidates.sort(reverse=True)
     found: list[Summary] = []
     failed: dict[str, S3StoreError] = {}
@@ -85,19 +90,29 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
                 break
             wave, candidates = candidates[:size], candidates[size:]
         ids = [state_id for _, state_id in wave]
-        outcomes = yield from send([layout.get(layout.head_key(i)) for i in ids], layout.root)
-        for state_id, outcome in zip(ids, outcomes, strict=True):
+        heads = [(i, held[i]) for i in ids if i in held]
+        fetch = [i for i in ids if i not in held]
+        calls = [layout.get(layout.head_key(i)) for i in fetch]
+        outcomes = (yield from send(calls, layout.root)) if calls else []
+        for state_id, outcome in zip(fetch, outcomes, strict=True):
             key = layout.head_key(state_id)
             if isinstance(outcome, Exception):
                 if error_code(outcome) not in NOT_FOUND_CODES:  # not found: deleted meanwhile
                     failed[state_id] = translate(outcome, layout.where("GetObject", key))
                 continue
             try:
-                head = Head.decode(outcome["Body"], layout.url(key), state_id)
-                # A tombstone head (deleted) has none; a State created without one is listed
-                # once it has one.
-                if head.snapshot is not None:
-                    found.append(_summary(state_id, head.snapshot, layout.url(key)))
+                heads.append((state_id, Head.decode(outcome["Body"], layout.url(key), state_id)))
+            except S3StoreError as e:
+                failed[state_id] = e
+        for state_id, head in heads:
+            # A tombstone head (deleted) has none; a State created without one is listed once
+            # it has one.
+            if head.snapshot is None:
+                continue
+            try:
+                found.append(
+                    _summary(state_id, head.snapshot, layout.url(layout.head_key(state_id)))
+                )
             except S3StoreError as e:
                 failed[state_id] = e
     summaries = newest_first(found)

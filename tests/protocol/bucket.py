@@ -168,6 +168,7 @@ class Bucket:
                     {
                         "Key": key,
                         "Size": len(found.body),
+                        "ETag": found.etag,
                         "LastModified": EPOCH + timedelta(seconds=found.tick),
                     }
                 )

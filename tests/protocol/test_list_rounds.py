@@ -60,11 +60,15 @@ def test_the_heads_of_the_kth_newest_second_come_in_one_wave() -> None:
                 bucket.objects[LAYOUT.head_key(state_id)][-1].tick = second
     stamps = {f"s{sec}-{n}": sec + n / (2 * count) for sec, count in SECONDS for n in range(count)}
     by_time = sorted(stamps, key=stamps.__getitem__, reverse=True)
+    lister = Ctx(LAYOUT, Memory(), SCOPE, trust=True)  # another process: it holds no head
     for limit in (1, 5, 40, 41, 75):
-        found, rounds = _run(bucket, _list.list_states(ctx, limit))
+        found, rounds = _run(bucket, _list.list_states(lister, limit))
         assert [s.id for s in found] == by_time[:limit]
         # The LIST, the first k heads, then at most one wave of every head that may be newer
         # than the k-th (one a round, before: 40 rounds for limit=1).
         assert rounds <= 3, (limit, rounds)
-    everything, rounds = _run(bucket, _list.list_states(ctx))
+    everything, rounds = _run(bucket, _list.list_states(lister))
     assert len(everything) == 100 and rounds == 2
+    # The process that wrote them holds every head: the LIST alone.
+    everything, rounds = _run(bucket, _list.list_states(ctx))
+    assert len(everything) == 100 and rounds == 1

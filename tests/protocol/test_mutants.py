@@ -39,6 +39,13 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
         {},
     ),
     (
+        "a listing that takes a head it holds without the LIST's ETag (invariant 8)",
+        _list,
+        'if seen.head is not None and seen.etag is not None and seen.etag == obj.get("ETag"):',
+        "if seen.head is not None:",
+        {},
+    ),
+    (
         "a listing that passes over heads of States too (invariants 10, 13)",
         _list,
         "size < SMALLEST_HEAD:",

@@ -379,3 +379,18 @@ async def test_list_costs_a_list_and_a_get_a_state_and_limit_k_gets(
 @pytest.mark.integration
 async def test_list_costs_the_same_on_localstack(mode: Mode, localstack: Stores) -> None:
     await _list_costs(localstack, mode)
+
+
+async def test_list_reads_no_head_the_process_holds_unchanged(mode: Mode, stores: Stores) -> None:
+    log = RequestLog()
+    mine = stores.io(mode, event_hooks=log.hooks)
+    for n in range(3):
+        await mine.write(f"s{n}", entry_dicts(0, 1), snapshot_dict(f"s{n}", 1), create=True)
+    log.requests.clear()
+    assert sorted(s.id for s in await mine.list()) == ["s0", "s1", "s2"]
+    assert log.counts() == {"LIST": 1}  # the LIST's ETags are those of the heads it wrote
+    other = stores.io(mode)  # another process saves on one of them
+    await other.write("s1", entry_dicts(0, 2), snapshot_dict("s1", 2, task="changed"))
+    log.requests.clear()
+    listed = {s.id: s for s in await mine.list()}
+    assert log.counts() == {"LIST": 1, "GET": 1} and listed["s1"].task == "changed"
