@@ -381,7 +381,8 @@ async def test_list_costs_the_same_on_localstack(mode: Mode, localstack: Stores)
     await _list_costs(localstack, mode)
 
 
-async def test_list_reads_no_head_the_process_holds_unchanged(mode: Mode, stores: Stores) -> None:
+async def _list_again(stores: Stores, mode: Mode) -> None:
+    """A process lists the States it wrote for a LIST alone, and one changed since for a GET."""
     log = RequestLog()
     mine = stores.io(mode, event_hooks=log.hooks)
     for n in range(3):
@@ -394,3 +395,14 @@ async def test_list_reads_no_head_the_process_holds_unchanged(mode: Mode, stores
     log.requests.clear()
     listed = {s.id: s for s in await mine.list()}
     assert log.counts() == {"LIST": 1, "GET": 1} and listed["s1"].task == "changed"
+
+
+async def test_list_reads_no_head_the_process_holds_unchanged(mode: Mode, stores: Stores) -> None:
+    await _list_again(stores, mode)
+
+
+@pytest.mark.integration
+async def test_list_reads_no_head_the_process_holds_on_localstack(
+    mode: Mode, localstack: Stores
+) -> None:
+    await _list_again(localstack, mode)
