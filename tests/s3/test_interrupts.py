@@ -10,6 +10,7 @@ holds it), and just after the lock is taken (the handler runs at the next byteco
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
 import threading
 from collections.abc import Iterator
@@ -84,6 +85,35 @@ def holding(
     return store, holder, go_on
 
 
+def interrupt_once(monkeypatch: pytest.MonkeyPatch, name: str, *, before: bool = False) -> None:
+    """``HandoffLock.<name>`` raises :class:`Interrupted` once: just after it returns (where a
+    signal's handler runs, at the next bytecode), or ``before`` it does anything."""
+    real = getattr(HandoffLock, name)
+    armed = [True]
+
+    def fire() -> None:
+        if armed:
+            armed.clear()
+            raise Interrupted
+
+    if inspect.iscoroutinefunction(real):
+
+        async def apatched(self: HandoffLock, *args: Any) -> None:
+            await real(self, *args)
+            fire()
+
+        monkeypatch.setattr(HandoffLock, name, apatched)
+        return
+
+    def patched(self: HandoffLock, *args: Any) -> None:
+        if before:
+            fire()
+        real(self, *args)
+        fire()  # nothing once fired
+
+    monkeypatch.setattr(HandoffLock, name, patched)
+
+
 def test_a_signal_while_a_save_waits_for_the_lock_does_not_keep_it(
     alarm: None, moto_url: str, moto_bucket: MakeBucket
 ) -> None:
@@ -113,19 +143,10 @@ def test_a_signal_while_a_save_waits_for_the_lock_does_not_keep_it(
 def test_a_signal_just_after_the_lock_is_taken_does_not_keep_it(
     monkeypatch: pytest.MonkeyPatch, moto_url: str, moto_bucket: MakeBucket
 ) -> None:
-    taken = HandoffLock.acquire
-    armed = [True]
-
-    def acquire_then_interrupted(self: HandoffLock, *args: Any) -> None:
-        taken(self, *args)
-        if armed:
-            armed.clear()
-            raise Interrupted  # where a signal's handler runs: the next bytecode
-
     store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
     state = State("interrupted", id="j")
     store.save(state)
-    monkeypatch.setattr(HandoffLock, "acquire", acquire_then_interrupted)
+    interrupt_once(monkeypatch, "acquire")
     state.add_user_message("interrupted")
     try:
         store.save(state)
@@ -167,19 +188,10 @@ async def test_a_task_cancelled_while_its_save_waits_for_the_lock_does_not_keep_
 async def test_an_exception_just_after_a_task_takes_the_lock_does_not_keep_it(
     monkeypatch: pytest.MonkeyPatch, moto_url: str, moto_bucket: MakeBucket
 ) -> None:
-    taken = HandoffLock.aacquire
-    armed = [True]
-
-    async def aacquire_then_interrupted(self: HandoffLock, *args: Any) -> None:
-        await taken(self, *args)
-        if armed:
-            armed.clear()
-            raise Interrupted
-
     store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
     state = State("interrupted", id="k")
     await store.asave(state)
-    monkeypatch.setattr(HandoffLock, "aacquire", aacquire_then_interrupted)
+    interrupt_once(monkeypatch, "aacquire")
     state.add_user_message("interrupted")
     try:
         await store.asave(state)
@@ -217,19 +229,10 @@ def test_a_signal_inside_the_release_does_not_keep_the_lock_from_the_next_save(
 ) -> None:
     """The signal lands in the driver's ``finally``, before the release: the lock stays held
     by this thread, whose next save (the Agent's, on the same thread) takes it over."""
-    released = HandoffLock.release
-    armed = [True]
-
-    def interrupted_release(self: HandoffLock, owner: object) -> None:
-        if armed:
-            armed.clear()
-            raise Interrupted
-        released(self, owner)
-
     store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
     state = State("interrupted", id="r")
     store.save(state)
-    monkeypatch.setattr(HandoffLock, "release", interrupted_release)
+    interrupt_once(monkeypatch, "release", before=True)
     state.add_user_message("saved, then interrupted")
     try:
         store.save(state)
