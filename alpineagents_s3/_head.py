@@ -10,7 +10,7 @@ nothing: the key of a head is never deleted (invariant 12).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -97,10 +97,6 @@ class Head:
     def covering(self, first: int, last: int) -> list[Part]:
         """The parts that hold any of the entries ``first`` to ``last``."""
         return [part for part in self.parts if part.last >= first and part.first <= last]
-
-    def but(self, **changes: Any) -> Head:
-        """A copy with ``changes``."""
-        return replace(self, **changes)
 
     def tombstone(self, wid: str) -> Head:
         """The tombstone head the delete ``wid`` puts over this head."""
@@ -222,18 +218,3 @@ def _parts(items: object, where: str) -> Iterator[Part]:
         else:
             yield Part(first, last, wid, "s", item[4])
         expected = last + 1
-
-
-def parts_of(entries: Iterable[int], wid: str) -> list[Part]:
-    """The entry objects a save ``wid`` writes for the seqs ``entries``."""
-    return [Part(seq, seq, wid, "e") for seq in entries]
-
-
-def tile(parts: Sequence[Part]) -> bool:
-    """Whether ``parts`` hold the entries 0 to n - 1 in order, each once."""
-    expected = 0
-    for part in parts:
-        if part.first != expected or part.last < part.first:
-            return False
-        expected = part.last + 1
-    return True
