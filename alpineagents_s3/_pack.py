@@ -24,7 +24,8 @@ __all__ = ["FOLD", "LARGE", "MERGE", "SEGMENT_MAX", "Plan", "plan"]
 FOLD: Final = 16
 MERGE: Final = 4
 SEGMENT_MAX: Final = 8 * 1024 * 1024
-LARGE: Final = SEGMENT_MAX // FOLD  # so FOLD entries below it always fit in one segment
+# So FOLD entries no larger always fit in one segment, with its brackets and commas.
+LARGE: Final = (SEGMENT_MAX - FOLD - 1) // FOLD
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,7 @@ def plan(parts: Sequence[Part], size: Callable[[Part], int | None], wid: str) ->
     """The packing of ``parts`` by the save ``wid``, or ``None`` when nothing is packed.
 
     ``size(part)`` is the size of an entry object's body (``None`` if unknown: such a part is
-    taken as small, and its bytes must be fetched before the segment is made); a segment's size
-    is in its part.
+    taken as small; the save fetches it and plans again); a segment's size is in its part.
     """
     start = len(parts)
     while start > 0 and parts[start - 1].kind == "e":

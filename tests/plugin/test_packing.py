@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +96,30 @@ def test_a_packing_save_costs_one_put_more_and_a_delete(make_store: MakeStore, m
     packing = [i + 1 for i, counts in enumerate(per_save) if counts != {"PUT": 2}]
     assert packing == [15, 31]  # the saves of entries 15 and 31 make the 16th entry object
     assert per_save[14] == {"PUT": 3, "DELETE": 1}
+
+
+def test_a_packing_save_of_entries_this_process_never_read_records_the_segments_size(
+    make_store: MakeStore, mode: str
+) -> None:
+    # The head records each segment's size, which later merges add up against SEGMENT_MAX.
+    # A process that did not write or read the entries it packs holds none of their bodies: it
+    # must fetch them before it plans, not count them as empty.
+    store = make_store()
+    sizes = [40 + 300 * (seq % 3) for seq in range(16)]
+    call(store, mode, "write", "packed", [entry(0, sizes[0])], {"n": 1}, create=True)
+    for seq in range(1, 15):
+        call(store, mode, "write", "packed", [entry(seq, sizes[seq])], {"n": seq + 1})
+    other = separate_process(make_store())
+    again = [entry(14, sizes[14]), entry(15, sizes[15])]  # the last stored entry, sent again
+    call(other, mode, "write", "packed", again, {"n": 16})
+
+    (segment,) = [o for o in store.objects("packed") if o.role == "segment"]
+    head = json.loads(
+        store.client.get_object(Bucket=store.bucket, Key="runs/heads/packed.json")["Body"].read()
+    )
+    assert head["parts"] == [[0, 15, head["write"], "s", segment.size]]
+    record = call(separate_process(make_store()), mode, "read", "packed")
+    assert list(record.entries) == [entry(seq, sizes[seq]) for seq in range(16)]
 
 
 def test_a_long_state_the_core_saved_loads_the_same_and_saves_on(
