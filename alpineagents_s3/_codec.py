@@ -16,7 +16,7 @@ from typing import Any, Final
 from alpineagents_s3._gc import paused
 from alpineagents_s3.errors import CorruptStateError
 
-__all__ = ["dumps", "join", "loads", "loads_parts", "validate_id"]
+__all__ = ["dumps", "join", "loads", "loads_parts", "own", "validate_id"]
 
 _ID: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 # A body this large is parsed by pydantic_core, when it is installed (see _fast_parser).
@@ -86,6 +86,16 @@ def _fast_parser() -> Callable[[bytes], Any] | None:
     except ImportError:  # pragma: no cover - depends on what is installed
         return None
     return functools.partial(from_json, allow_inf_nan=True, cache_strings="keys")
+
+
+def own(value: Mapping[str, Any], what: str = "a snapshot") -> dict[str, Any]:
+    """A copy of a dict that shares no object with it; :func:`dumps`'s errors, naming ``what``.
+
+    What the process's memory keeps is never an object a caller holds: a caller that changes
+    a snapshot it was given or sent cannot change the head that later saves compare with.
+    """
+    copied: dict[str, Any] = json.loads(dumps(value, what))
+    return copied
 
 
 def join(bodies: Sequence[bytes]) -> bytes:

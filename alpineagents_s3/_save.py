@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from alpineagents_s3 import _keys, _pack
-from alpineagents_s3._codec import dumps, join, loads_parts, validate_id
+from alpineagents_s3._codec import dumps, join, loads_parts, own, validate_id
 from alpineagents_s3._engine import Probe
 from alpineagents_s3._head import Head, Part
 from alpineagents_s3._keys import fail
@@ -87,8 +87,8 @@ def write(
     """The steps of one save (``Store.write``)."""
     validate_id(state_id)
     new = encode(state_id, entries)
-    if snapshot is not None:
-        dumps(snapshot, f"the snapshot of State {state_id!r}")  # refused before any request
+    if snapshot is not None:  # refused before any request; the head keeps a copy of its own
+        snapshot = own(snapshot, f"the snapshot of State {state_id!r}")
     if create and new and new[0].seq != 0:
         raise ValueError(
             f"a new State's history begins at entry 0; State {state_id!r} was sent {new[0].seq}"

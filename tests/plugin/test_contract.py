@@ -132,6 +132,27 @@ def test_later_writes_add_entries_and_replace_the_small_dict(io: IO) -> None:
     assert small_of(record) == small(5, data={"k": [1, 2]})
 
 
+def test_a_small_dict_changed_by_its_caller_is_saved_when_written_again(io: IO) -> None:
+    # The store keeps what it read and wrote, to compare the next save with; a caller that
+    # changes a dict it was given (or sent) must not change that copy too, or the change
+    # would look saved already, and be dropped.
+    sent = small(1, data={"cart": ["apple"]})
+    io.write("edited", entries(0, 1), sent, create=True)
+    sent["data"]["cart"].append("pear")
+    io.write("edited", [], sent)
+    record = small_of(io.read("edited"))
+    assert record["data"]["cart"] == ["apple", "pear"]
+
+    record["data"]["cart"].append("plum")  # the dict read, changed in place and sent back
+    record["note"] = "changed"
+    io.write("edited", [], record)
+    stored = small_of(IO(separate_process(io.store), io.mode).read("edited"))
+    assert stored["data"]["cart"] == ["apple", "pear", "plum"] and stored["note"] == "changed"
+    again = small_of(io.read("edited"))
+    again["note"] = "changed only here"
+    assert small_of(io.read("edited"))["note"] == "changed"
+
+
 def test_entries_the_store_has_are_skipped_when_sent_again(io: IO, s3: Any, bucket: str) -> None:
     io.write("again", entries(0, 3), small(3), create=True)
     io.write("again", entries(1, 5), small(5))  # 1 and 2 again, as after a failed write
