@@ -12,7 +12,9 @@ save), and the list stops when the k newest ``updated_at`` found are at least a 
 than the ``LastModified`` of the next head (S3 gives it to the second): a save's
 ``updated_at`` is never later than the PUT of its head, so no head not fetched can be newer.
 That is k GETs, then one wave of every head that could still be newer (saved in the same
-second as the k-th), when clocks agree: 2 or 3 rounds.
+second as the k-th), when clocks agree: 2 or 3 rounds. A head listed without a
+``LastModified`` is fetched in the first wave; when the k-th newest found has no
+``updated_at`` (a 0.5+ summary may not), every head left could be newer and is fetched.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from alpineagents_s3.errors import (
 __all__ = ["StoredObject", "check_limit", "list_states", "objects"]
 
 _EPOCH = datetime.min.replace(tzinfo=UTC)
+# A head the LIST gives no time for could be the newest: it is fetched first, never passed over.
+_UNKNOWN = datetime.max.replace(tzinfo=UTC)
 # LastModified is given to the second: a head saved at 12:00:05.9 may say 12:00:05.
 _TICK = timedelta(seconds=1)
 
@@ -69,7 +73,9 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
             # A tombstone head (a deleted State), or not ours: no State (invariant 13). A size
             # of 0 is no tombstone's either, but an engine that gives no sizes is read.
             continue
-        candidates.append((_as_utc(obj.get("LastModified")), state_id))
+        modified = obj.get("LastModified")
+        at = _as_utc(modified) if isinstance(modified, datetime) else _UNKNOWN
+        candidates.append((at, state_id))
         seen = ctx.seen(state_id)
         if seen.head is not None and seen.etag is not None and seen.etag == obj.get("ETag"):
             held[state_id] = seen.head
@@ -83,9 +89,13 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
             size = limit - len(found)
             wave, candidates = candidates[:size], candidates[size:]
         else:  # every head that could still be newer than the k-th found, in one wave
-            cutoff = _newest(found, limit) - _TICK
-            older = (n for n, (at, _) in enumerate(candidates) if at <= cutoff)
-            size = next(older, len(candidates))
+            newest = _newest(found, limit)
+            if newest == _EPOCH:  # the k-th found has no time: any head left may be newer
+                size = len(candidates)
+            else:
+                cutoff = newest - _TICK
+                older = (n for n, (at, _) in enumerate(candidates) if at <= cutoff)
+                size = next(older, len(candidates))
             if size == 0:
                 break
             wave, candidates = candidates[:size], candidates[size:]

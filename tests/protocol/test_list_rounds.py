@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
-from alpineagents_s3 import _list, _save
+import pytest
+
+from alpineagents_s3 import _contract, _list, _save
 from alpineagents_s3._memory import Ctx, Memory
 from alpineagents_s3._steps import Batch, Steps
 from tests.protocol.bucket import EPOCH, Bucket
@@ -47,9 +50,8 @@ def _run(bucket: Bucket, steps: Steps[Any]) -> tuple[Any, int]:
         return done.value, rounds
 
 
-def test_the_heads_of_the_kth_newest_second_come_in_one_wave() -> None:
-    bucket = Bucket(random.Random(1), page=1000)
-    ctx = Ctx(LAYOUT, Memory(), SCOPE, trust=True)
+def _saved(bucket: Bucket, ctx: Ctx) -> list[str]:
+    """The States of SECONDS saved by ``ctx``; their ids, newest first."""
     with counted_wids():
         for second, count in SECONDS:
             for n in range(count):
@@ -59,7 +61,13 @@ def test_the_heads_of_the_kth_newest_second_come_in_one_wave() -> None:
                 _run(bucket, _save.write(ctx, state_id, [], snapshot, True))
                 bucket.objects[LAYOUT.head_key(state_id)][-1].tick = second
     stamps = {f"s{sec}-{n}": sec + n / (2 * count) for sec, count in SECONDS for n in range(count)}
-    by_time = sorted(stamps, key=stamps.__getitem__, reverse=True)
+    return sorted(stamps, key=stamps.__getitem__, reverse=True)
+
+
+def test_the_heads_of_the_kth_newest_second_come_in_one_wave() -> None:
+    bucket = Bucket(random.Random(1), page=1000)
+    ctx = Ctx(LAYOUT, Memory(), SCOPE, trust=True)
+    by_time = _saved(bucket, ctx)
     lister = Ctx(LAYOUT, Memory(), SCOPE, trust=True)  # another process: it holds no head
     for limit in (1, 5, 40, 41, 75):
         found, rounds = _run(bucket, _list.list_states(lister, limit))
@@ -72,3 +80,45 @@ def test_the_heads_of_the_kth_newest_second_come_in_one_wave() -> None:
     # The process that wrote them holds every head: the LIST alone.
     everything, rounds = _run(bucket, _list.list_states(ctx))
     assert len(everything) == 100 and rounds == 1
+
+
+def test_a_head_listed_without_its_time_may_be_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An engine that gives no LastModified: nothing tells which heads are old, so none is
+    # passed over (a head taken as oldest would be left out of the newest k).
+    bucket = Bucket(random.Random(2), page=1000)
+    by_time = _saved(bucket, Ctx(LAYOUT, Memory(), SCOPE, trust=True))
+    listing = bucket.list_objects_v2
+
+    def without_times(**params: Any) -> dict[str, Any]:
+        page = listing(**params)
+        for obj in page["Contents"]:
+            del obj["LastModified"]
+        return page
+
+    monkeypatch.setattr(bucket, "list_objects_v2", without_times)
+    for limit in (1, 40):
+        found, _ = _run(bucket, _list.list_states(Ctx(LAYOUT, Memory(), SCOPE), limit))
+        assert [s.id for s in found] == by_time[:limit]
+
+
+def test_a_kth_summary_without_a_time_leaves_every_head_possibly_newer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 0.5+ summary may have no updated_at; it sorts last. When the k-th newest found is one,
+    # every head not yet read may be newer than it (the list used to fail: OverflowError).
+    bucket = Bucket(random.Random(3), page=1000)
+    by_time = _saved(bucket, Ctx(LAYOUT, Memory(), SCOPE, trust=True))
+    untimed = {state_id for state_id in by_time if state_id.startswith("s4-")}  # the newest 40
+
+    def summary(state_id: str, small: dict[str, Any]) -> Any:
+        found = _contract.summarize(state_id, small)
+        at = None if state_id in untimed else found.updated_at
+        return SimpleNamespace(id=state_id, updated_at=at)
+
+    monkeypatch.setattr(_list, "summarize", summary)
+    for limit in (1, 5, 60):
+        found, _ = _run(bucket, _list.list_states(Ctx(LAYOUT, Memory(), SCOPE), limit))
+        assert [s.id for s in found] == by_time[40 : 40 + limit]  # those with a time first
+    found, _ = _run(bucket, _list.list_states(Ctx(LAYOUT, Memory(), SCOPE), 70))
+    assert [s.id for s in found[:60]] == by_time[40:]
+    assert {s.id for s in found[60:]} <= untimed
