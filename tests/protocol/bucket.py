@@ -62,6 +62,9 @@ class Bucket:
     objects: dict[str, list[Version]] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     strangers: set[str] = field(default_factory=set)
+    # The first bytes of each key under states/ a PUT reached, and the keys PUT with others.
+    parts: dict[str, bytes] = field(default_factory=dict)
+    rewritten: list[str] = field(default_factory=list)
 
     # What the checker reads -------------------------------------------------------------
 
@@ -111,6 +114,10 @@ class Bucket:
                 raise client_error("NoSuchKey", 404)
             if IfMatch is not None and current is not None and current.etag != IfMatch:
                 raise client_error("PreconditionFailed", 412)
+        if "/states/" in Key:  # a part: its first bytes must stay its bytes (invariant 2)
+            first = current.body if current is not None and current.body is not None else Body
+            if self.parts.setdefault(Key, first) != Body:
+                self.rewritten.append(Key)
         version = self._write(Key, Body, dict(Metadata or {}), head=current)
         response = {"ETag": version.etag}
         if self.versioned:

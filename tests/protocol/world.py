@@ -443,7 +443,12 @@ class World:
                 )
 
     def check(self) -> None:
-        """Invariants 1, 3, 7 and 13: the current head names parts that hold its entries."""
+        """Invariants 1, 3, 7 and 13: the current head names parts that hold its entries; 2: no
+        PUT reached a key under ``states/`` with other bytes than it first held."""
+        if self.bucket.rewritten:
+            raise InvariantError(
+                f"invariant 2: {self.bucket.rewritten[0]} was written again with other bytes"
+            )
         if oracle(self.bucket) is not None and len(self.bucket.body(HEAD) or b"") < SMALLEST_HEAD:
             raise InvariantError(
                 f"invariant 13: the head of a State is smaller than {SMALLEST_HEAD} bytes"
