@@ -5,8 +5,8 @@ collector counts them as they are made and, on its thresholds, walks the young o
 whenever the long-lived ones have grown by a quarter, every object of the process. Nothing a
 parse makes is garbage, so those walks find nothing: loads of 10,000 packed entries (14 MB of
 JSON) through the bench's proxy spent 52-63 ms each in collections, 37-47 ms of it in full
-ones, of a median of 173-183 ms; with the pause, 30-37 ms, of 121-150 ms (docs/performance.md,
-"Garbage collection"). A full walk costs more the larger the program's heap.
+ones, of a median of 173-183 ms; with the pause, 30-37 ms, of 121-150 ms (commit e677c31,
+2026-12-02). A full walk costs more the larger the program's heap.
 
 The pause covers only the parse (CPU work of a few milliseconds a segment, no I/O, no
 wait): the collector runs again after it, and finds the new objects then, once. Drivers parse
