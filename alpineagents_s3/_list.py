@@ -2,7 +2,8 @@
 
 The listing is used as a set (invariant 10). An object smaller than any head of a State (a
 tombstone head) is passed over without a GET (invariant 13), and so is a head whose ETag is that
-of the head this process holds for the id. Each summary is the installed core's own, made from
+of a head this process has seen: the last list's summary of it, or the head its saves and
+loads hold (a list never moves that base). Each summary is the installed core's own, made from
 the head's snapshot. A head deleted between the LIST and its GET is left out; one that cannot be
 read is named in :class:`~alpineagents_s3.errors.IncompleteListError`, which still holds every
 summary that was read.
@@ -63,8 +64,11 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
     if limit == 0:
         return []
     listed = yield from list_all(layout, layout.heads)
+    last = ctx.memory.last_list(ctx.scope)
     candidates: list[tuple[datetime, str]] = []
-    held: dict[str, Head] = {}  # heads this process holds, by the LIST's ETag: not read again
+    # By the LIST's ETag, not read again: summaries the last list made, heads saved or loaded.
+    kept: dict[str, tuple[str, Summary]] = {}  # this list's summaries, for the next list
+    held: dict[str, tuple[str, Head]] = {}
     for obj in listed:
         state_id = layout.id_of_head(obj["Key"])
         if state_id is None:  # anything else in heads/ is not a head's name: not ours
@@ -76,9 +80,11 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
         modified = obj.get("LastModified")
         at = _as_utc(modified) if isinstance(modified, datetime) else _UNKNOWN
         candidates.append((at, state_id))
-        seen = ctx.seen(state_id)
-        if seen.head is not None and seen.etag is not None and seen.etag == obj.get("ETag"):
-            held[state_id] = seen.head
+        etag, seen = obj.get("ETag"), ctx.seen(state_id)
+        if etag is not None and state_id in last and last[state_id][0] == etag:
+            kept[state_id] = last[state_id]
+        elif etag is not None and seen.head is not None and seen.etag == etag:
+            held[state_id] = (etag, seen.head)
     candidates.sort(reverse=True)
     found: list[Summary] = []
     failed: dict[str, S3StoreError] = {}
@@ -100,8 +106,9 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
                 break
             wave, candidates = candidates[:size], candidates[size:]
         ids = [state_id for _, state_id in wave]
-        heads = [(i, held[i]) for i in ids if i in held]
-        fetch = [i for i in ids if i not in held]
+        found += [kept[i][1] for i in ids if i in kept]
+        heads = [(i, *held[i]) for i in ids if i in held]
+        fetch = [i for i in ids if i not in held and i not in kept]
         calls = [layout.get(layout.head_key(i)) for i in fetch]
         outcomes = (yield from send(calls, layout.root)) if calls else []
         for state_id, outcome in zip(fetch, outcomes, strict=True):
@@ -111,20 +118,25 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
                     failed[state_id] = translate(outcome, layout.where("GetObject", key))
                 continue
             try:
-                heads.append((state_id, Head.decode(outcome["Body"], layout.url(key), state_id)))
+                head = Head.decode(outcome["Body"], layout.url(key), state_id)
             except S3StoreError as e:
                 failed[state_id] = e
-        for state_id, head in heads:
+                continue
+            heads.append((state_id, str(outcome.get("ETag", "")), head))
+        for state_id, etag, head in heads:
             # A tombstone head (deleted) has none; a State created without one is listed once
             # it has one.
             if head.snapshot is None:
                 continue
             try:
-                found.append(
-                    _summary(state_id, head.snapshot, layout.url(layout.head_key(state_id)))
-                )
+                summary = _summary(state_id, head.snapshot, layout.url(layout.head_key(state_id)))
             except S3StoreError as e:
                 failed[state_id] = e
+                continue
+            found.append(summary)
+            if etag:
+                kept[state_id] = (etag, summary)
+    ctx.memory.listed(ctx.scope, kept)
     summaries = newest_first(found)
     if limit is not None:
         summaries = summaries[:limit]

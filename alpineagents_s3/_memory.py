@@ -4,7 +4,8 @@ A save is conditional on the head this *process* last read or wrote (docs/protoc
 2): two S3Store objects on the same endpoint, bucket and prefix are the same store, so what one
 of them saw is what the other saves on. Also kept here: the lock each State's saves and deletes
 hold, the bodies of parts read or written (parts never change, so a body kept is never stale),
-and the endpoints whose conditional writes were checked.
+the summaries of each store's last list (by their heads' ETags), and the endpoints whose
+conditional writes were checked.
 
 A process forked from this one starts with a copy: it is another process, and a save of one of
 them is refused to the other as a second writer's, as it must be.
@@ -15,8 +16,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final
 
 from alpineagents_s3._head import Head
 from alpineagents_s3._keys import Layout
@@ -95,6 +97,7 @@ class Memory:
     bodies: Bodies = field(default_factory=Bodies)
     checked: set[tuple[str, str]] = field(default_factory=set)  # (endpoint, bucket) checked
     _seen: dict[tuple[Scope, str], Seen] = field(default_factory=dict)
+    _lists: dict[Scope, dict[str, tuple[str, Any]]] = field(default_factory=dict)
     _locks: LockRegistry = field(default_factory=LockRegistry)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     _clock: int = 0
@@ -144,6 +147,20 @@ class Memory:
             if known is None or later or sent > seen.at:
                 at = max(sent, seen.at)
                 self._seen[(scope, state_id)] = Seen(head, etag, seen.unsure, at)
+
+    def last_list(self, scope: Scope) -> Mapping[str, tuple[str, Any]]:
+        """What the last list of a store read: by State id, its head's ETag and its summary."""
+        with self._guard:
+            return self._lists.get(scope, {})
+
+    def listed(self, scope: Scope, summaries: dict[str, tuple[str, Any]]) -> None:
+        """A list's summaries, by id with their heads' ETags; they replace the last list's.
+
+        Never a base: a list's GETs move no save's base. A summary is the core's frozen
+        dataclass, so a caller cannot change the one kept.
+        """
+        with self._guard:
+            self._lists[scope] = summaries
 
     def unsure(self, scope: Scope, state_id: str, wid: str) -> None:
         """A head PUT of the save ``wid`` ended without a clear answer."""

@@ -68,15 +68,20 @@ def test_the_heads_of_the_kth_newest_second_come_in_one_wave() -> None:
     bucket = Bucket(random.Random(1), page=1000)
     ctx = Ctx(LAYOUT, Memory(), SCOPE, trust=True)
     by_time = _saved(bucket, ctx)
-    lister = Ctx(LAYOUT, Memory(), SCOPE, trust=True)  # another process: it holds no head
     for limit in (1, 5, 40, 41, 75):
+        lister = Ctx(LAYOUT, Memory(), SCOPE, trust=True)  # another process: it holds no head
         found, rounds = _run(bucket, _list.list_states(lister, limit))
         assert [s.id for s in found] == by_time[:limit]
         # The LIST, the first k heads, then at most one wave of every head that may be newer
         # than the k-th (one a round, before: 40 rounds for limit=1).
         assert rounds <= 3, (limit, rounds)
+    lister = Ctx(LAYOUT, Memory(), SCOPE, trust=True)
     everything, rounds = _run(bucket, _list.list_states(lister))
     assert len(everything) == 100 and rounds == 2
+    # It lists again for the LIST alone: every head has the ETag of the summary it made.
+    again, rounds = _run(bucket, _list.list_states(lister))
+    assert again == everything and rounds == 1
+    assert [s.id for s in _run(bucket, _list.list_states(lister, 5))[0]] == by_time[:5]
     # The process that wrote them holds every head: the LIST alone.
     everything, rounds = _run(bucket, _list.list_states(ctx))
     assert len(everything) == 100 and rounds == 1

@@ -41,8 +41,15 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
         "a listing that takes a head it holds without the LIST's ETag (invariant 8)",
         _list,
-        'if seen.head is not None and seen.etag is not None and seen.etag == obj.get("ETag"):',
-        "if seen.head is not None:",
+        "elif etag is not None and seen.head is not None and seen.etag == etag:",
+        "elif seen.head is not None:",
+        {},
+    ),
+    (
+        "a listing that takes the last list's summary without the LIST's ETag (invariant 8)",
+        _list,
+        "if etag is not None and state_id in last and last[state_id][0] == etag:",
+        "if state_id in last:",
         {},
     ),
     (

@@ -365,9 +365,12 @@ async def _list_costs(stores: Stores, mode: Mode) -> None:
     ]
     assert log.counts() == {"LIST": 1, "GET": 43}
     log.requests.clear()
-    newest = await lister.list(limit=2)
+    newest = await stores.io(mode, event_hooks=log.hooks).list(limit=2)  # another process
     assert [s.id for s in newest] == ["late-2", "late-1"]
     assert log.counts() == {"LIST": 1, "GET": 2}
+    log.requests.clear()
+    assert [s.id for s in await lister.list(limit=2)] == ["late-2", "late-1"]
+    assert log.counts() == {"LIST": 1}  # the first lister has read every head unchanged
 
 
 async def test_list_costs_a_list_and_a_get_a_state_and_limit_k_gets(
@@ -382,22 +385,35 @@ async def test_list_costs_the_same_on_localstack(mode: Mode, localstack: Stores)
 
 
 async def _list_again(stores: Stores, mode: Mode) -> None:
-    """A process lists the States it wrote for a LIST alone, and one changed since for a GET."""
-    log = RequestLog()
+    """A process lists the States it wrote for a LIST alone, and one changed since for a GET;
+    so does a process that only lists, from its second list on."""
+    log, looks = RequestLog(), RequestLog()
     mine = stores.io(mode, event_hooks=log.hooks)
     for n in range(3):
         await mine.write(f"s{n}", entry_dicts(0, 1), snapshot_dict(f"s{n}", 1), create=True)
     log.requests.clear()
     assert sorted(s.id for s in await mine.list()) == ["s0", "s1", "s2"]
     assert log.counts() == {"LIST": 1}  # the LIST's ETags are those of the heads it wrote
-    other = stores.io(mode)  # another process saves on one of them
+    lister = stores.io(mode, event_hooks=looks.hooks)  # a process that only lists
+    assert len(await lister.list()) == 3 and looks.counts() == {"LIST": 1, "GET": 3}
+    looks.requests.clear()
+    assert len(await lister.list()) == 3 and looks.counts() == {"LIST": 1}
+    other = stores.io(mode)  # another process saves on one of them, and deletes another
     await other.write("s1", entry_dicts(0, 2), snapshot_dict("s1", 2, task="changed"))
+    await other.delete("s2")
     log.requests.clear()
+    looks.requests.clear()
     listed = {s.id: s for s in await mine.list()}
     assert log.counts() == {"LIST": 1, "GET": 1} and listed["s1"].task == "changed"
+    assert sorted(listed) == ["s0", "s1"]
+    seen = {s.id: s for s in await lister.list()}
+    assert looks.counts() == {"LIST": 1, "GET": 1} and seen["s1"].task == "changed"
+    assert sorted(seen) == ["s0", "s1"]
 
 
-async def test_list_reads_no_head_the_process_holds_unchanged(mode: Mode, stores: Stores) -> None:
+async def test_list_reads_no_head_the_process_holds_or_listed_unchanged(
+    mode: Mode, stores: Stores
+) -> None:
     await _list_again(stores, mode)
 
 
