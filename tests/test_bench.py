@@ -35,6 +35,7 @@ def test_a_short_bench_run_prints_the_costs_the_protocol_promises() -> None:
 
     listing = {row["row"]: row for row in figures["list"]}
     assert listing["list()"]["requests"] == {"LIST": 1, "GET": 30}
+    assert listing["list() again, by the same process"]["requests"] == {"LIST": 1}
     burst = listing["list(limit=3), all saved in a burst"]["requests"]
     assert burst["LIST"] == 1 and 3 <= burst["GET"] <= 30
     # Saved a second apart, the newest 3 are known from the listing's dates: 3 GETs, maybe 4.
