@@ -16,7 +16,7 @@ from typing import Any, Final
 from alpineagents_s3._gc import paused
 from alpineagents_s3.errors import CorruptStateError
 
-__all__ = ["dumps", "join", "loads", "loads_parts", "own", "validate_id"]
+__all__ = ["copy", "dumps", "join", "loads", "loads_parts", "own", "validate_id"]
 
 _ID: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 # A body this large is parsed by pydantic_core, when it is installed (see _fast_parser).
@@ -88,14 +88,30 @@ def _fast_parser() -> Callable[[bytes], Any] | None:
     return functools.partial(from_json, allow_inf_nan=True, cache_strings="keys")
 
 
-def own(value: Mapping[str, Any], what: str = "a snapshot") -> dict[str, Any]:
-    """A copy of a dict that shares no object with it; :func:`dumps`'s errors, naming ``what``.
+def own(value: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A copy of a dict a caller sent, as JSON holds it; :func:`dumps`'s errors, naming ``what``.
 
     What the process's memory keeps is never an object a caller holds: a caller that changes
-    a snapshot it was given or sent cannot change the head that later saves compare with.
+    a snapshot it sent or was given cannot change the head that later saves compare with.
     """
     copied: dict[str, Any] = json.loads(dumps(value, what))
     return copied
+
+
+def copy(value: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a dict the memory holds (JSON's values only), for a caller: see :func:`own`."""
+    try:
+        return _tree(value)  # type: ignore[no-any-return]
+    except RecursionError:  # nested deeper than Python recurses: JSON's parser goes deeper
+        return own(value, "a snapshot")
+
+
+def _tree(value: Any) -> Any:
+    if type(value) is dict:
+        return {key: _tree(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_tree(item) for item in value]
+    return value  # str, int, float, bool or None
 
 
 def join(bodies: Sequence[bytes]) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from alpineagents_s3._codec import loads_parts, own, validate_id
+from alpineagents_s3._codec import copy, loads_parts, validate_id
 from alpineagents_s3._head import Head, Part
 from alpineagents_s3._keys import fail
 from alpineagents_s3._memory import Ctx
@@ -125,7 +125,7 @@ def read(
             layout.url,
         )
         ctx.memory.read(ctx.scope, state_id, head, etag, sent)
-        return entries, None if head.snapshot is None else own(head.snapshot)
+        return entries, None if head.snapshot is None else copy(head.snapshot)
     raise CorruptStateError(
         f"the State {state_id!r} under {layout.url(layout.root)} kept changing while it was "
         f"read ({ATTEMPTS} times): try again"

@@ -153,6 +153,16 @@ def test_a_small_dict_changed_by_its_caller_is_saved_when_written_again(io: IO) 
     assert small_of(io.read("edited"))["note"] == "changed"
 
 
+def test_a_deeply_nested_small_dict_reads_back_in_the_process_that_wrote_it(io: IO) -> None:
+    # Read back from the process's memory, it is copied for the caller: deeper than Python's
+    # recursion goes in a copy of its own, but not deeper than JSON's.
+    deep: dict[str, Any] = {}
+    for _ in range(900):
+        deep = {"k": deep}
+    io.write("deep", entries(0, 1), small(1, data=deep), create=True)
+    assert small_of(io.read("deep"))["data"] == deep
+
+
 def test_entries_the_store_has_are_skipped_when_sent_again(io: IO, s3: Any, bucket: str) -> None:
     io.write("again", entries(0, 3), small(3), create=True)
     io.write("again", entries(1, 5), small(5))  # 1 and 2 again, as after a failed write
