@@ -20,6 +20,7 @@ second as the k-th), when clocks agree: 2 or 3 rounds. A head listed without a
 
 from __future__ import annotations
 
+from copy import deepcopy
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -106,7 +107,7 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
                 break
             wave, candidates = candidates[:size], candidates[size:]
         ids = [state_id for _, state_id in wave]
-        found += [kept[i][1] for i in ids if i in kept]
+        found += [_private(kept[i][1]) for i in ids if i in kept]
         heads = [(i, *held[i]) for i in ids if i in held]
         fetch = [i for i in ids if i not in held and i not in kept]
         calls = [layout.get(layout.head_key(i)) for i in fetch]
@@ -133,9 +134,9 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
             except S3StoreError as e:
                 failed[state_id] = e
                 continue
-            found.append(summary)
+            found.append(_private(summary))  # a held head's snapshot stays the memory's
             if etag:
-                kept[state_id] = (etag, summary)
+                kept[state_id] = (etag, _private(summary))
     ctx.memory.listed(ctx.scope, kept)
     summaries = newest_first(found)
     if limit is not None:
@@ -154,6 +155,21 @@ def _summary(state_id: str, snapshot: dict[str, Any], where: str) -> Summary:
     except Exception as e:
         kind = SchemaVersionError if type(e).__name__ == "SchemaVersionError" else CorruptStateError
         raise kind(f"{where}: the installed alpineagents cannot summarise it: {e}") from e
+
+
+def _private(summary: Summary) -> Summary:
+    """``summary``, or a copy if it holds something a caller could change in place.
+
+    A summary is the core's frozen dataclass; one that hashes holds only values that cannot
+    change (this repository's core, 0.5+), and is shared with the memory's last list. One that
+    does not (0.2-0.4 keep a tool call's arguments in a dict) is copied, so that the memory
+    shares nothing with a caller (docs/protocol.md, save step 2).
+    """
+    try:
+        hash(summary)
+    except TypeError:
+        return deepcopy(summary)
+    return summary
 
 
 def _newest(found: list[Summary], limit: int) -> datetime:

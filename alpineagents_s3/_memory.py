@@ -28,6 +28,8 @@ __all__ = ["MEMORY", "Bodies", "Ctx", "Memory", "Seen"]
 
 # The bodies kept, in bytes: enough for a long State's segments, little for a small function.
 BODIES_LIMIT: Final = 64 * 1024 * 1024
+# The stores whose last list is kept, the most recently listed (each: a summary a State).
+LISTS_LIMIT: Final = 64
 
 Scope = tuple[str, str, str]  # (endpoint, bucket, prefix): one store
 
@@ -59,6 +61,10 @@ class Bodies:
         self._limit = limit
         self._size = 0
         self._kept: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def after_fork(self) -> None:
+        """In a forked child: a thread of the parent may have held the lock."""
         self._guard = threading.Lock()
 
     def get(self, bucket: str, key: str) -> bytes | None:
@@ -97,7 +103,7 @@ class Memory:
     bodies: Bodies = field(default_factory=Bodies)
     checked: set[tuple[str, str]] = field(default_factory=set)  # (endpoint, bucket) checked
     _seen: dict[tuple[Scope, str], Seen] = field(default_factory=dict)
-    _lists: dict[Scope, dict[str, tuple[str, Any]]] = field(default_factory=dict)
+    _lists: OrderedDict[Scope, dict[str, tuple[str, Any]]] = field(default_factory=OrderedDict)
     _locks: LockRegistry = field(default_factory=LockRegistry)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     _clock: int = 0
@@ -110,6 +116,7 @@ class Memory:
     def _after_fork(self) -> None:
         self._locks = LockRegistry()
         self._guard = threading.Lock()
+        self.bodies.after_fork()
 
     def lock(self, scope: Scope, state_id: str) -> HandoffLock:
         """The lock the saves and deletes of one State hold in this process."""
@@ -156,11 +163,14 @@ class Memory:
     def listed(self, scope: Scope, summaries: dict[str, tuple[str, Any]]) -> None:
         """A list's summaries, by id with their heads' ETags; they replace the last list's.
 
-        Never a base: a list's GETs move no save's base. A summary is the core's frozen
-        dataclass, so a caller cannot change the one kept.
+        Never a base: a list's GETs move no save's base. Kept for the :data:`LISTS_LIMIT`
+        stores listed last.
         """
         with self._guard:
             self._lists[scope] = summaries
+            self._lists.move_to_end(scope)
+            while len(self._lists) > LISTS_LIMIT:
+                self._lists.popitem(last=False)
 
     def unsure(self, scope: Scope, state_id: str, wid: str) -> None:
         """A head PUT of the save ``wid`` ended without a clear answer."""

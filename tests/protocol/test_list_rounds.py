@@ -7,6 +7,7 @@ newest may be newer than it; they are fetched in one wave, not one a round.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from alpineagents_s3 import _contract, _list, _save
-from alpineagents_s3._memory import Ctx, Memory
+from alpineagents_s3._memory import LISTS_LIMIT, Ctx, Memory
 from alpineagents_s3._steps import Batch, Steps
 from tests.protocol.bucket import EPOCH, Bucket
 from tests.protocol.world import LAYOUT, SCOPE, counted_wids
@@ -127,3 +128,45 @@ def test_a_kth_summary_without_a_time_leaves_every_head_possibly_newer(
     found, _ = _run(bucket, _list.list_states(Ctx(LAYOUT, Memory(), SCOPE), 70))
     assert [s.id for s in found[:60]] == by_time[40:]
     assert {s.id for s in found[60:]} <= untimed
+
+
+@dataclass(frozen=True)
+class _Mutable:
+    """A summary as alpineagents 0.2-0.4 make some: frozen, with a dict inside."""
+
+    id: str
+    updated_at: Any
+    args: dict[str, Any]
+
+
+def test_a_summary_a_caller_changes_changes_no_later_list_nor_the_head_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def summary(state_id: str, small: dict[str, Any]) -> Any:
+        found = _contract.summarize(state_id, small)
+        return _Mutable(state_id, found.updated_at, small["data"])  # shares the snapshot's
+
+    monkeypatch.setattr(_list, "summarize", summary)
+    bucket = Bucket(random.Random(4), page=1000)
+    writer = Ctx(LAYOUT, Memory(), SCOPE, trust=True)
+    by_time = _saved(bucket, writer)
+    lister = Ctx(LAYOUT, Memory(), SCOPE, trust=True)
+    for ctx in (writer, lister):  # from the heads the writer holds; from the lister's GETs
+        for _ in range(2):  # and again, from the last list's summaries
+            found, _ = _run(bucket, _list.list_states(ctx))
+            assert [s.id for s in found] == by_time and all(s.args == {} for s in found)
+            for s in found:
+                s.args["changed"] = True
+    head = writer.seen(by_time[0]).head
+    assert head is not None and head.snapshot is not None and head.snapshot["data"] == {}
+
+
+def test_the_memory_keeps_the_last_lists_of_the_stores_listed_last() -> None:
+    memory = Memory()
+    scopes = [("endpoint", "bucket", f"tenant-{n}/") for n in range(LISTS_LIMIT + 1)]
+    for scope in scopes[:LISTS_LIMIT]:
+        memory.listed(scope, {"a": ("etag", object())})
+    memory.listed(scopes[0], {"a": ("etag", object())})  # listed again: the most recent
+    memory.listed(scopes[LISTS_LIMIT], {"a": ("etag", object())})  # one store too many
+    assert not memory.last_list(scopes[1])  # the one listed longest ago is forgotten
+    assert all(memory.last_list(s) for s in [scopes[0], *scopes[2:]])

@@ -25,6 +25,7 @@ from botocore.loaders import JSONFileLoader
 
 from alpineagents_s3 import S3Store
 from alpineagents_s3._clients import MODELS, botocore_session
+from alpineagents_s3._memory import MEMORY
 from tests.helpers import MakeBucket, entry_dicts, snapshot_dict
 
 S3_MODEL = "s3/2006-03-01/service-2"
@@ -241,18 +242,24 @@ async def test_eight_tasks_open_stores_at_once(
     assert loads.of() == []
 
 
+@pytest.mark.parametrize("held", ["the shared models", "the bodies kept"])
 def test_a_child_forked_while_the_lock_was_held_opens_stores(
-    moto_url: str, moto_bucket: MakeBucket
+    moto_url: str, moto_bucket: MakeBucket, held: str
 ) -> None:
     bucket = moto_bucket()
-    with MODELS._lock, warnings.catch_warnings():
+    lock = MODELS._lock if held == "the shared models" else MEMORY.bodies._guard
+    with lock, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads (3.12+)
         child = os.fork()
         if child == 0:  # the child: only this thread, and a lock nobody will release
             code = 1
             try:
                 with S3Store(bucket, endpoint_url=moto_url) as store:
-                    code = 0 if store.read("nothing") is None else 1
+                    store.write(
+                        "forked", entry_dicts(0, 1), snapshot_dict("forked", 1), create=True
+                    )
+                    record = store.read("forked")  # the bodies it wrote, held
+                    code = 0 if record is not None and len(record.entries) == 1 else 1
             finally:
                 os._exit(code)
     deadline = time.monotonic() + 60
