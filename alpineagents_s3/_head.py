@@ -39,7 +39,8 @@ class Part:
         last: The seq of its last entry.
         wid: The save that wrote it (its key holds it).
         kind: ``"e"`` for an entry object, ``"s"`` for a segment.
-        size: A segment's size in bytes (the head records it); ``0`` for an entry object.
+        size: Its size in bytes. The head records it, so that a save plans its packing
+            without reading any body.
     """
 
     first: int
@@ -113,7 +114,11 @@ class Head:
     # Bytes ------------------------------------------------------------------------------
 
     def encode(self) -> bytes:
-        """The head's body. A run of entry objects written by one save is one item."""
+        """The head's body; each part with its size.
+
+        A run of entry objects written by one save is one item, ``[first, last, wid, "e",
+        [size, ...]]``; a segment is ``[first, last, wid, "s", size]``.
+        """
         items: list[list[Any]] = []
         for part in self.parts:
             last = items[-1] if items else None
@@ -125,8 +130,9 @@ class Head:
                 and last[1] + 1 == part.first
             ):
                 last[1] = part.last
+                last[4].append(part.size)
             elif part.kind == "e":
-                items.append([part.first, part.last, part.wid, "e"])
+                items.append([part.first, part.last, part.wid, "e", [part.size]])
             else:
                 items.append([part.first, part.last, part.wid, "s", part.size])
         doc: dict[str, Any] = {
@@ -200,21 +206,29 @@ def _parts(items: object, where: str) -> Iterator[Part]:
     for item in items:
         if not (
             isinstance(item, list)
-            and len(item) == (4 if item[3:4] == ["e"] else 5)
+            and len(item) == 5
             and all(type(n) is int for n in item[:2])
             and _is_wid(item[2])
-            and item[3] in ("e", "s")
-            and (item[3] == "e" or (type(item[4]) is int and item[4] >= 2))
             and item[0] == expected
             and item[1] >= item[0]
+            and _sized(item[3], item[4], item[1] - item[0] + 1)
         ):
             raise CorruptStateError(
                 f"{where} is a damaged head: its part {item!r} does not continue at entry "
                 f"{expected}"
             )
-        first, last, wid, kind = item[:4]
+        first, last, wid, kind, size = item
         if kind == "e":
-            yield from (Part(seq, seq, wid, "e") for seq in range(first, last + 1))
+            yield from (Part(seq, seq, wid, "e", n) for seq, n in enumerate(size, first))
         else:
-            yield Part(first, last, wid, "s", item[4])
+            yield Part(first, last, wid, "s", size)
         expected = last + 1
+
+
+def _sized(kind: object, size: object, count: int) -> bool:
+    """A segment's size, or the sizes of a run of ``count`` entry objects (2 bytes or more)."""
+    if kind == "e":
+        sizes = size if isinstance(size, list) and len(size) == count else [None]
+    else:
+        sizes = [size] if kind == "s" else [None]
+    return all(type(n) is int and n >= 2 for n in sizes)

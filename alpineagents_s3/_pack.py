@@ -13,7 +13,7 @@ entries and at most 15 entry objects: a history of n entries is O(log n) objects
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -52,11 +52,10 @@ class _Node:
     size: int
 
 
-def plan(parts: Sequence[Part], size: Callable[[Part], int | None], wid: str) -> Plan | None:
+def plan(parts: Sequence[Part], wid: str) -> Plan | None:
     """The packing of ``parts`` by the save ``wid``, or ``None`` when nothing is packed.
 
-    ``size(part)`` is the size of an entry object's body (``None`` if unknown: such a part is
-    taken as small; the save fetches it and plans again); a segment's size is in its part.
+    Each part's size is in it (the head records them): no body is read to plan.
     """
     start = len(parts)
     while start > 0 and parts[start - 1].kind == "e":
@@ -64,7 +63,7 @@ def plan(parts: Sequence[Part], size: Callable[[Part], int | None], wid: str) ->
     if len(parts) - start < FOLD:
         return None
     stack = [_Node(part, (part,), part.size) for part in parts[:start]]
-    run = [_Node(part, (part,), size(part) or 0) for part in parts[start:]]
+    run = [_Node(part, (part,), part.size) for part in parts[start:]]
     made = False
     while True:
         large = next((i for i, node in enumerate(run[:FOLD]) if node.size > LARGE), None)

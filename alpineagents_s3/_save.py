@@ -153,7 +153,7 @@ def _save(
         fresh = new
         if seen.head is not None and seen.head.deleted:  # made again over the tombstone seen
             prior, etag = seen.head, seen.etag
-    bodies = {Part(e.seq, e.seq, wid, "e"): e.body for e in fresh}
+    bodies = {Part(e.seq, e.seq, wid, "e", len(e.body)): e.body for e in fresh}
     parts = (base.parts if base is not None else ()) + tuple(bodies)
     packing, sources = yield from _packing(ctx, base, parts, bodies, wid)
     head = Head(
@@ -324,40 +324,19 @@ def _new_entries(ctx: Ctx, base: Head, etag: str | None, new: list[Entry]) -> St
 def _packing(
     ctx: Ctx, base: Head | None, parts: tuple[Part, ...], bodies: dict[Part, bytes], wid: str
 ) -> Steps[tuple[_pack.Plan | None, dict[Part, bytes]]]:
-    """The packing of this save (``bodies``: its new entries), and the bodies it joins.
-
-    An entry object this process holds no body of is fetched first, and the packing planned
-    again with its size, so that no segment passes ``SEGMENT_MAX``.
-    """
-    held = ctx.memory.bodies
-    layout = ctx.layout
-    known = dict(bodies)
-    unknown: list[Part] = []
-
-    def size(part: Part) -> int | None:
-        body = known.get(part)
-        if body is None and base is not None:
-            body = held.get(layout.bucket, part.key(layout, base.state_id, base.inc))
-        if body is None:
-            unknown.append(part)
-        return None if body is None else len(body)
-
-    try:
-        packing = _pack.plan(parts, size, wid)
-        if packing is not None and unknown:
-            assert base is not None
-            known.update((yield from fetch(ctx, base, unknown)))
-            packing = _pack.plan(parts, size, wid)
-        if packing is None:
-            return None, {}
-        wanted = {source for _, joined in packing.segments for source in joined}
-        sources = {part: known[part] for part in wanted if part in known}
-        old = [part for part in wanted if part not in known]
-        if old:
-            assert base is not None
-            sources.update((yield from fetch(ctx, base, old)))
-    except MissingPartError:  # the base moved on: this save will not commit, so it packs nothing
+    """The packing of this save (``bodies``: its new entries), and the bodies it joins."""
+    packing = _pack.plan(parts, wid)
+    if packing is None:
         return None, {}
+    wanted = {source for _, joined in packing.segments for source in joined}
+    sources = {part: bodies[part] for part in wanted if part in bodies}
+    old = [part for part in wanted if part not in bodies]
+    if old:
+        assert base is not None
+        try:
+            sources.update((yield from fetch(ctx, base, old)))
+        except MissingPartError:  # the base moved on: this save will not commit, so no packing
+            return None, {}
     return packing, sources
 
 

@@ -19,7 +19,7 @@ import pytest
 import alpineagents
 import alpineagents.store
 import alpineagents.testing
-from alpineagents_s3 import S3Store
+from alpineagents_s3 import S3Store, _pack
 from alpineagents_s3.testing import RequestLog, separate_process
 
 GENERATION = "info" if hasattr(alpineagents.store, "StateInfo") else "snapshot"
@@ -120,6 +120,25 @@ def test_a_packing_save_of_entries_this_process_never_read_records_the_segments_
     assert head["parts"] == [[0, 15, head["write"], "s", segment.size]]
     record = call(separate_process(make_store()), mode, "read", "packed")
     assert list(record.entries) == [entry(seq, sizes[seq]) for seq in range(16)]
+
+
+def test_a_save_plans_its_packing_from_the_head_reading_no_body(
+    make_store: MakeStore, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Entries larger than LARGE are never packed; they stay after the last segment, so every
+    # save plans over them. The head records each part's size: no body is read to plan.
+    monkeypatch.setattr(_pack, "LARGE", 1000)
+    store = make_store()
+    call(store, mode, "write", "large", [entry(0, 2000)], {"n": 1}, create=True)
+    for seq in range(1, 20):
+        call(store, mode, "write", "large", [entry(seq, 2000)], {"n": seq + 1})
+    assert roles(store, "large") == {"head": 1, "entry": 20}
+    log = RequestLog()
+    # Another process, which holds no body (and skips the engine check, counted elsewhere).
+    other = separate_process(make_store(event_hooks=log.hooks, trust_conditional_writes=True))
+    call(other, mode, "write", "large", [entry(19, 2000), entry(20, 2000)], {"n": 21})
+    # The head, and the last stored entry sent again (compared); then the entry and the head.
+    assert log.counts() == {"GET": 2, "PUT": 2}
 
 
 def test_a_long_state_the_core_saved_loads_the_same_and_saves_on(
