@@ -42,6 +42,8 @@ from alpineagents_s3.errors import (
 __all__ = ["StoredObject", "check_limit", "list_states", "objects"]
 
 _EPOCH = datetime.min.replace(tzinfo=UTC)
+# Values a caller cannot change in place.
+_PLAIN = (str, int, float, type(None), datetime)
 # A head the LIST gives no time for could be the newest: it is fetched first, never passed over.
 _UNKNOWN = datetime.max.replace(tzinfo=UTC)
 # LastModified is given to the second: a head saved at 12:00:05.9 may say 12:00:05.
@@ -160,16 +162,15 @@ def _summary(state_id: str, snapshot: dict[str, Any], where: str) -> Summary:
 def _private(summary: Summary) -> Summary:
     """``summary``, or a copy if it holds something a caller could change in place.
 
-    A summary is the core's frozen dataclass; one that hashes holds only values that cannot
-    change (this repository's core, 0.5+), and is shared with the memory's last list. One that
-    does not (0.2-0.4 keep a tool call's arguments in a dict) is copied, so that the memory
-    shares nothing with a caller (docs/protocol.md, save step 2).
+    A summary is the core's frozen dataclass. One whose fields are all strings, numbers,
+    datetimes or ``None`` (this repository's core) is shared with the memory's last list; any
+    other is copied (0.2-0.4 keep a stopped run's tool call, its arguments in a dict), so that
+    the memory shares nothing with a caller (docs/protocol.md, save step 2).
     """
-    try:
-        hash(summary)
-    except TypeError:
-        return deepcopy(summary)
-    return summary
+    fields = getattr(summary, "__dict__", None)
+    if fields is not None and all(isinstance(v, _PLAIN) for v in fields.values()):
+        return summary
+    return deepcopy(summary)
 
 
 def _newest(found: list[Summary], limit: int) -> datetime:
