@@ -136,9 +136,9 @@ def list_states(ctx: Ctx, limit: int | None = None) -> Steps[list[Summary]]:
             except S3StoreError as e:
                 failed[state_id] = e
                 continue
-            found.append(_private(summary))  # a held head's snapshot stays the memory's
+            found.append(_private(summary))  # the one kept is handed out only as this is
             if etag:
-                kept[state_id] = (etag, _private(summary))
+                kept[state_id] = (etag, summary)
     ctx.memory.listed(ctx.scope, kept)
     summaries = newest_first(found)
     if limit is not None:
