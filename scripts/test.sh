@@ -46,10 +46,10 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 plugin=$(cd "$venv/wheel" && ls "$PWD"/alpineagents_s3-*.whl)  # absolute: a file:// URL below
 
-for core in $published; do
-    env_dir="$venv-core-$core"
+make_core_env() {  # VERSION: a virtualenv with that published core and the plugin wheel
+    local env_dir="$venv-core-$1" have
     venv_at "$env_dir"
-    quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$core" \
+    quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$1" \
         "pytest>=8.3" "pytest-asyncio>=0.25" "pytest-xdist>=3.6" "moto[server]>=5.1" "aioboto3>=15" \
         "boto3>=1.40"
     # As a user would: the plugin with its dependencies resolved next to the installed core,
@@ -58,14 +58,14 @@ for core in $published; do
     quiet "$env_dir/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents-s3[async] @ file://$plugin"
     "$env_dir/bin/python" -m pip check
     have=$("$env_dir/bin/python" -P -c 'from importlib.metadata import version; print(version("alpineagents"))')
-    [ "$have" = "$core" ] || { echo "test.sh: installing the plugin changed alpineagents $core to $have" >&2; exit 1; }
+    [ "$have" = "$1" ] || { echo "test.sh: installing the plugin changed alpineagents $1 to $have" >&2; exit 1; }
     echo "test.sh: $env_dir: alpineagents $have with alpineagents-s3 from this checkout"
-done
-oldest_core=${published%% *}
-if [ -n "$oldest_core" ]; then
-    boto_env="$venv-boto-$oldest_boto"
+}
+
+make_boto_env() {  # CORE: that core, the plugin without [async], the oldest boto3 allowed
+    local have
     venv_at "$boto_env"
-    quiet "$boto_env/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$oldest_core" \
+    quiet "$boto_env/bin/python" -m pip install "${pip_quiet[@]}" "alpineagents==$1" \
         "pytest>=8.3" "pytest-asyncio>=0.25" "pytest-xdist>=3.6" "moto[server]>=5.1" \
         "boto3==$oldest_boto" "botocore==$oldest_boto"
     quiet "$boto_env/bin/python" -m pip uninstall "${pip_quiet[@]}" -y alpineagents-s3
@@ -73,10 +73,39 @@ if [ -n "$oldest_core" ]; then
     "$boto_env/bin/python" -m pip check
     have=$("$boto_env/bin/python" -P -c 'import botocore; print(botocore.__version__)')
     [ "$have" = "$oldest_boto" ] || { echo "test.sh: $boto_env has botocore $have, not $oldest_boto" >&2; exit 1; }
-fi
+}
 
+# The virtualenvs (and LocalStack's) are made at once, each logging to a file: pip spends most
+# of its time on one core, and this machine has two.
+logs=$(mktemp -d)
+pids=()
+names=()
+for core in $published; do
+    make_core_env "$core" >"$logs/env-core-$core.log" 2>&1 &
+    pids+=($!) && names+=("core-$core")
+done
+oldest_core=${published%% *}
+boto_env="$venv-boto-$oldest_boto"
+if [ -n "$oldest_core" ]; then
+    make_boto_env "$oldest_core" >"$logs/env-boto.log" 2>&1 &
+    pids+=($!) && names+=("boto")
+fi
+with_localstack=
 if [ -z "${ALPINEAGENTS_NO_LOCALSTACK:-}" ] && [ -f localstack/localstack.sh ]; then
-    bash localstack/localstack.sh install
+    with_localstack=1
+    bash localstack/localstack.sh install >"$logs/env-localstack.log" 2>&1 &
+    pids+=($!) && names+=("localstack")
+fi
+made=0
+for i in "${!pids[@]}"; do
+    status=0
+    wait "${pids[$i]}" || status=$?
+    cat "$logs/env-${names[$i]}.log"
+    [ "$status" -eq 0 ] || { echo "test.sh: setting up ${names[$i]} failed (exit $status)" >&2; made=1; }
+done
+[ "$made" -eq 0 ] || exit 1
+
+if [ -n "$with_localstack" ]; then
     bash localstack/localstack.sh start
     trap 'bash localstack/localstack.sh stop' EXIT
     bash localstack/localstack.sh wait
@@ -96,7 +125,6 @@ workers=${ALPINEAGENTS_TEST_WORKERS:-3}
 parallel=(-n "$workers")
 [ "$workers" = 0 ] || parallel+=(--dist worksteal)  # the long tests are spread as they run
 
-logs=$(mktemp -d)
 status=0
 "$venv/bin/python" -m pytest "${parallel[@]}" "$@" 2>&1 | tee "$logs/repo.log" || status=$?
 record "alpineagents $("$venv/bin/python" -c 'from importlib.metadata import version; print(version("alpineagents"))') (this repo)" "$status" "$logs/repo.log"
