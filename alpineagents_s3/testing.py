@@ -22,7 +22,6 @@ from alpineagents_s3._store import S3Store
 
 __all__ = ["Request", "RequestLog", "embedded_moto", "separate_process"]
 
-_META = "x-amz-meta-"
 # What each S3 operation S3Store makes counts as.
 _KINDS = {
     "PutObject": "PUT",
@@ -45,9 +44,6 @@ class Request:
         path: The URL path, unquoted: ``/bucket/key`` for path-style addressing.
         condition: ``"If-None-Match: *"`` or ``"If-Match: <etag>"`` when the request had one.
         size: The request body's size in bytes.
-        metadata: The size of the object's user metadata it sends, as S3 counts it toward its
-            2 KB limit: the bytes of each ``x-amz-meta-`` header's name (without the prefix)
-            and value.
     """
 
     operation: str
@@ -55,7 +51,6 @@ class Request:
     path: str
     condition: str | None
     size: int
-    metadata: int = 0
 
 
 class RequestLog:
@@ -91,19 +86,12 @@ class RequestLog:
         if size is None:
             body = request.body
             size = len(body) if isinstance(body, bytes | bytearray | str) else 0
-        metadata = 0
-        for name, value in headers.items():
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            if name.lower().startswith(_META):
-                value = value.decode() if isinstance(value, bytes) else str(value)
-                metadata += len(name) - len(_META) + len(value.encode())
         entry = Request(
             operation=operation,
             kind=_KINDS.get(operation, str(request.method)),
             path=unquote(urlsplit(request.url).path),
             condition=condition,
             size=int(size),
-            metadata=metadata,
         )
         with self._lock:
             self.requests.append(entry)
@@ -117,11 +105,6 @@ class RequestLog:
         """The request bodies' total size."""
         with self._lock:
             return sum(r.size for r in self.requests)
-
-    def sent_metadata_bytes(self) -> int:
-        """The total size of the user metadata the requests sent (see ``Request.metadata``)."""
-        with self._lock:
-            return sum(r.metadata for r in self.requests)
 
     def clear(self) -> None:
         """Forget the requests recorded so far."""
