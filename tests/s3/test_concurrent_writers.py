@@ -282,3 +282,47 @@ async def test_a_delete_overtaken_by_saves(mode: Mode, stores: Stores, overtaken
         tool_turn(state, 9)
         with pytest.raises(KeyError, match="busy"):
             writer.save(state)
+
+
+async def test_a_refused_update_deletes_the_entry_objects_it_wrote(
+    mode: Mode, stores: Stores
+) -> None:
+    io, other = stores.io(mode), stores.io(mode)
+    state = State("shared", id="refused")
+    await io.save(state)
+    theirs = await other.load("refused")
+    theirs.add_user_message("theirs")
+    await other.save(theirs)
+    before = await objects(io, "refused")
+    for n in range(3):
+        tool_turn(state, n)  # 6 entries this save would add
+    with pytest.raises(ConcurrentWriteError, match=r"nothing of this save was kept"):
+        await io.save(state)
+    after = await objects(io, "refused")
+    assert [o.role for o in after if o.role == "unnamed"] == []
+    assert [o.key for o in after] == [o.key for o in before]
+
+
+async def test_a_copy_from_elsewhere_must_send_its_last_stored_entry_again(
+    mode: Mode, stores: Stores
+) -> None:
+    """A process that never read the State: its save must show that its copy is the stored
+    one (docs/s3.md, "Two processes, one State")."""
+    await stores.io(mode).write(
+        "handed", entry_dicts(0, 3), snapshot_dict("handed", 3), create=True
+    )
+    before = await stores.keys()
+    elsewhere = stores.io(mode)  # never read it
+    with pytest.raises(ConcurrentWriteError, match=r"Load it \(store\.load\('handed'\)\)"):
+        await elsewhere.write("handed", entry_dicts(3, 4), snapshot_dict("handed", 4))
+    assert await stores.keys() == before  # nothing was written
+    # Different content at the last stored seq is a second writer's.
+    with pytest.raises(ConcurrentWriteError, match=r"its entry 2 is not the one"):
+        await stores.io(mode).write(
+            "handed", entry_dicts(2, 4, "other"), snapshot_dict("handed", 4)
+        )
+    assert await stores.keys() == before
+    # The last stored entry sent again, identical: skipped, and the save goes on from it.
+    await stores.io(mode).write("handed", entry_dicts(2, 4), snapshot_dict("handed", 4))
+    record = await stores.io(mode).read("handed")
+    assert record is not None and [e["seq"] for e in record.entries] == [0, 1, 2, 3]

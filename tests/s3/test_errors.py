@@ -4,12 +4,15 @@ credentials, an endpoint without conditional writes, a failing network."""
 from __future__ import annotations
 
 import re
+import socket
 import ssl
 
 import pytest
+from botocore.config import Config
 
 from alpineagents import State
 from alpineagents.errors import StoreError
+from alpineagents.testing import StoreIO
 from alpineagents_s3 import (
     BucketNotFoundError,
     ConditionalWritesUnsupportedError,
@@ -100,3 +103,25 @@ async def test_any_failure_of_a_call_is_the_stores_error_naming_the_key(
     with pytest.raises(S3StoreError, match=rf"s3://{bucket}/runs/heads/x\.json.*{name}"):
         await io.load("x")
     assert entries.raised >= 3 and snapshot.raised >= 1
+
+
+async def test_a_password_in_the_endpoint_url_is_never_shown(mode: Mode, stores: Stores) -> None:
+    """``https://user:secret@host`` is shown as ``***@host``: in the store's repr and in the
+    errors of every request (docs/s3.md, "Errors")."""
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    endpoint = f"http://someone:s3cr3t-word@127.0.0.1:{port}"
+    config = Config(retries={"total_max_attempts": 1}, connect_timeout=2)
+    store = S3Store("bucket", "runs", endpoint_url=endpoint, config=config)
+    stores.made.append(store)
+    assert "s3cr3t" not in repr(store) and "someone" not in repr(store)
+    io = StoreIO(store, mode)
+    messages = []
+    for attempt in (io.read("x"), io.list(), io.save(State("t", id="x")), io.delete("x")):
+        with pytest.raises(S3StoreError) as raised:
+            await attempt
+        messages.append("".join([str(raised.value), *getattr(raised.value, "__notes__", [])]))
+    assert not [m for m in messages if "s3cr3t" in m or "someone" in m], messages
+    if mode == "sync":  # botocore names the endpoint it could not reach (aiohttp does not)
+        assert all(f"***@127.0.0.1:{port}" in m for m in messages), messages

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from alpineagents import State
-from alpineagents_s3 import S3Store
+from alpineagents_s3 import Deleted, S3Store
 from tests.helpers import MakeBucket, Mode
 from tests.s3.helpers import Stores, objects
 
@@ -97,3 +97,28 @@ def test_sweep_refuses_an_age_that_is_not_a_time(stores: Stores, age: float) -> 
         stores.new().sweep(age)
     with pytest.raises(TypeError, match="older_than is a number of seconds"):
         stores.new().sweep("1 day")  # type: ignore[arg-type]
+
+
+async def test_delete_removes_only_what_the_store_wrote_and_names_what_it_kept(
+    mode: Mode, stores: Stores, moto: S3Client
+) -> None:
+    """In the deleted incarnation's folder: a leftover with the store's mark goes, an object
+    named as the store names its own but without the mark stays; another incarnation's folder
+    (a create under way, say) is left to ``sweep``. ``Deleted.kept`` names what stayed."""
+    io = stores.io(mode)
+    await io.save(State("mine", id="d"))
+    inc = (await objects(io, "d"))[1].key.split("/")[3]
+    leftover = f"runs/states/d/{inc}/e0000000005.00000000000000ee.json"
+    stranger = f"runs/states/d/{inc}/e0000000006.00000000000000ff.json"
+    other_inc = "runs/states/d/0123456789abcdef/e0000000000.0123456789abcdef.json"
+    moto.put_object(Bucket=stores.bucket, Key=leftover, Body=b"{}", Metadata=MARK)
+    moto.put_object(Bucket=stores.bucket, Key=stranger, Body=b"{}")
+    moto.put_object(Bucket=stores.bucket, Key=other_inc, Body=b"{}", Metadata=MARK)
+    deleted = await io.delete_with("d")
+    assert isinstance(deleted, Deleted)
+    assert deleted.objects == 3  # the head, the save's entry, the marked leftover
+    assert deleted.kept == tuple(sorted([stranger, other_inc]))
+    assert f"kept 2 objects: {', '.join(sorted([stranger, other_inc]))}" in str(deleted)
+    keys = await stores.keys()
+    assert stranger in keys and other_inc in keys and leftover not in keys
+    assert await io.read("d") is None
