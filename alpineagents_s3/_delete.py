@@ -73,6 +73,8 @@ def delete(ctx: Ctx, state_id: str, purge: bool) -> Steps[Deleted | None]:
     validate_id(state_id)
     layout = ctx.layout
     yield Hold(ctx.memory.lock(ctx.scope, state_id))
+    # Asked before anything changes: a purge refused the permission deletes nothing.
+    versioned = (yield from _versioned(layout)) if purge else False
     got = yield from get_head(ctx, state_id)
     if got is None:
         return None  # no head was ever written: there is nothing the store can prove its own
@@ -92,7 +94,7 @@ def delete(ctx: Ctx, state_id: str, purge: bool) -> Steps[Deleted | None]:
     yield from remove(layout, [(key, None) for key in ours])
     ctx.memory.bodies.drop(layout.bucket, ours)
     versions = 0
-    if purge:
+    if versioned:
         versions = yield from _purge(ctx, state_id, {tombstone.inc}, set(kept))
     if replaced is None and not ours and not versions:
         return None
@@ -178,7 +180,7 @@ def remove(layout: Layout, keys: Sequence[tuple[str, str | None]]) -> Steps[None
 
 
 def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int]:
-    """Remove the versions and delete markers the State left; how many.
+    """Remove the versions and delete markers the State left on a versioned bucket; how many.
 
     One rule: a version goes only if its own metadata carries the store's mark (a HEAD by
     version id), and a delete marker only once no version of its key is left. Under the State's
@@ -187,13 +189,6 @@ def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int
     holds.
     """
     layout = ctx.layout
-    (status,) = yield from send(
-        [Call("get_bucket_versioning", {"Bucket": layout.bucket})], layout.root
-    )
-    if isinstance(status, Exception):
-        fail(layout, status, "GetBucketVersioning", layout.root)
-    if status.get("Status") not in ("Enabled", "Suspended"):
-        return 0  # never versioned: the plain delete left nothing
     head_key = layout.head_key(state_id)
     listed = yield from _versions(layout, layout.state_folder(state_id))
     listed += [v for v in (yield from _versions(layout, head_key)) if v[0] == head_key]
@@ -221,6 +216,16 @@ def _purge(ctx: Ctx, state_id: str, dead: set[str], kept: set[str]) -> Steps[int
     yield from remove(layout, data)
     yield from remove(layout, markers)
     return len(data) + len(markers)
+
+
+def _versioned(layout: Layout) -> Steps[bool]:
+    """Whether the bucket keeps versions (versioning enabled or suspended)."""
+    (status,) = yield from send(
+        [Call("get_bucket_versioning", {"Bucket": layout.bucket})], layout.root
+    )
+    if isinstance(status, Exception):
+        fail(layout, status, "GetBucketVersioning", layout.root)
+    return status.get("Status") in ("Enabled", "Suspended")
 
 
 def _versions(layout: Layout, prefix: str) -> Steps[list[tuple[str, str, bool, bool]]]:

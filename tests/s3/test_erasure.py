@@ -16,7 +16,7 @@ from alpineagents import State
 from alpineagents_s3 import Deleted, S3AccessDeniedError, S3Store
 from alpineagents_s3.testing import separate_process
 from tests.helpers import MakeBucket, Mode, tool_turn
-from tests.s3.helpers import Stores, raw_client
+from tests.s3.helpers import Refuse, Stores, raw_client
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -127,9 +127,10 @@ def test_a_purge_killed_after_any_of_its_requests_then_run_again_leaves_nothing(
             killed = child(state_id, kill_at)
             assert killed.returncode == -9, (kill_at, killed.stderr)
             with separate_process(S3Store(bucket, "runs", endpoint_url=moto_url)) as store:
-                # A fresh process: the head read, the engine check (4 requests), then the
-                # tombstone head as request 6: killed after it, the State is gone already.
-                assert (store.read(state_id) is None) == (kill_at > 6), kill_at
+                # A fresh process: the bucket's versioning, the head read, the engine check
+                # (4 requests), then the tombstone head as request 7: killed after it, the
+                # State is gone already.
+                assert (store.read(state_id) is None) == (kill_at > 7), kill_at
                 try:
                     store.delete(state_id, purge=True)  # run again
                 except KeyError:
@@ -166,3 +167,26 @@ async def test_a_purge_on_localstack_leaves_no_version(mode: Mode, localstack: S
         assert_erased(client, bucket, "gdpr")
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "plain"])
+async def test_a_purge_without_get_bucket_versioning_deletes_nothing(
+    mode: Mode, stores: Stores, versioned: bool
+) -> None:
+    """The permission is asked for before anything changes (docs/s3.md, "Permissions"): a purge
+    refused it leaves the State as it was, and runs once it is granted."""
+    bucket = stores.make_bucket(versioned=versioned)
+    await a_long_conversation(stores.io(mode, bucket=bucket), "kept")
+    before = await stores.io(mode, bucket=bucket).read("kept")
+    assert before is not None
+    deny = Refuse(403, "AccessDenied")
+    refused = stores.io(
+        mode, bucket=bucket, event_hooks={"before-call.s3.GetBucketVersioning": deny}
+    )
+    with pytest.raises(S3AccessDeniedError, match=rf"GetBucketVersioning s3://{bucket}/runs/"):
+        await refused.delete_with("kept", purge=True)
+    assert deny.refused == 1
+    assert await stores.io(mode, bucket=bucket).read("kept") == before
+    deleted = await stores.io(mode, bucket=bucket).delete_with("kept", purge=True)
+    assert isinstance(deleted, Deleted) and bool(deleted.versions) == versioned
+    assert await stores.io(mode, bucket=bucket).read("kept") is None
