@@ -8,7 +8,9 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import boto3
 import pytest
+from botocore.config import Config
 
 from alpineagents import Agent, State
 from alpineagents.history import MODEL
@@ -235,3 +237,77 @@ def test_encryption_options_are_checked() -> None:
         S3Store("bucket", server_side_encryption="rot13")
     with pytest.raises(ValueError, match="aws:kms"):
         S3Store("bucket", server_side_encryption="AES256", sse_kms_key_id="k")
+
+
+class PutHeaders:
+    """A ``before-call`` hook on PutObject: each PUT's key and encryption headers."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None, str | None]] = []
+
+    def __call__(self, params: dict[str, Any], **kwargs: Any) -> None:
+        headers = params["headers"]
+        key = params["url"].split("?")[0].split("/runs/", 1)[-1]
+        self.seen.append(
+            (
+                key,
+                headers.get("x-amz-server-side-encryption"),
+                headers.get("x-amz-server-side-encryption-aws-kms-key-id"),
+            )
+        )
+
+
+async def test_encryption_reaches_segments_tombstones_and_the_engine_check(
+    mode: Mode, stores: Stores, moto: S3Client
+) -> None:
+    """Every PUT: the probes, the entries, a segment a save packs, the heads, a tombstone."""
+    key_id = "arn:aws:kms:us-east-1:123456789012:key/demo"
+    puts = PutHeaders()
+    io = stores.io(mode, sse_kms_key_id=key_id, event_hooks={"before-call.s3.PutObject": puts})
+    await io.write("packed", entry_dicts(0, 20), snapshot_dict("packed", 20), create=True)
+    segments = [o.key for o in await objects(io, "packed") if o.role == "segment"]
+    assert len(segments) == 1
+    head = moto.head_object(Bucket=stores.bucket, Key=segments[0])
+    assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key_id)
+    await io.delete("packed")
+    kinds = {key.split("/")[0] for key, _, _ in puts.seen}
+    assert kinds == {"probes", "states", "heads"}
+    assert segments[0].removeprefix("runs/") in [key for key, _, _ in puts.seen]
+    assert len([k for k, _, _ in puts.seen if k.startswith("heads/")]) == 2  # create, tombstone
+    assert all((sse, kms) == ("aws:kms", key_id) for _, sse, kms in puts.seen), puts.seen
+
+
+async def test_a_save_and_a_list_send_at_once_within_the_limit(mode: Mode, stores: Stores) -> None:
+    puts, gets = InFlight(), InFlight()
+    hooks = {f"{event}.PutObject": hook for event, hook in puts.hooks.items()}
+    hooks |= {f"{event}.GetObject": hook for event, hook in gets.hooks.items()}
+    io = stores.io(mode, max_concurrency=3, trust_conditional_writes=True, event_hooks=hooks)
+    await io.write("wide", entry_dicts(0, 40), snapshot_dict("wide", 40), create=True)
+    assert 1 < puts.most <= 3
+    for n in range(12):
+        await stores.io(mode).write(
+            f"s{n}", entry_dicts(0, 1), snapshot_dict(f"s{n}", 1), create=True
+        )
+    assert len(await stores.io(mode, max_concurrency=3, event_hooks=hooks).list()) == 13
+    assert 1 < gets.most <= 3
+
+
+def test_a_given_clients_pool_bounds_the_requests_at_once(stores: Stores, moto_url: str) -> None:
+    """No more requests at once than the client given has connections (urllib3 would open
+    and drop more, warning that its pool is full)."""
+    stores.new().write("wide", entry_dicts(0, 40), snapshot_dict("wide", 40), create=True)
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_url,
+        region_name="us-east-1",
+        config=Config(max_pool_connections=2),
+    )
+    flight = InFlight()
+    for event, hook in flight.hooks.items():
+        client.meta.events.register(f"{event}.GetObject", hook)
+    try:
+        store = stores.new(client=client, max_concurrency=32)
+        assert len(store.load("wide").history) == 40
+        assert flight.most == 2
+    finally:
+        client.close()
