@@ -329,6 +329,7 @@ def test_a_state_created_without_a_snapshot_takes_its_id(io: IO) -> None:
     io.write("mid-turn", entries(0, 2), None, create=True)
     record = io.read("mid-turn")
     assert list(record.entries) == entries(0, 2) and small_of(record) is None
+    assert io.list() == []  # listed once it has a snapshot (its head is not even summarised)
     with pytest.raises(StateExistsError, match="id 'mid-turn'"):
         io.write("mid-turn", entries(0, 1), small(1), create=True)
     io.write("mid-turn", entries(2, 3), small(3))

@@ -7,7 +7,7 @@ import asyncio
 import gc
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -207,6 +207,33 @@ def test_a_closed_store_refuses_use(moto_url: str, moto_bucket: MakeBucket) -> N
     assert issubclass(StoreClosedError, RuntimeError)
     # Another store object of the same bucket and prefix is not affected.
     assert S3Store(store.bucket, "runs", endpoint_url=moto_url).read("c") is not None
+
+
+async def test_a_closed_store_refuses_its_async_methods_too(
+    moto_url: str, moto_bucket: MakeBucket
+) -> None:
+    store = S3Store(moto_bucket(), "runs", endpoint_url=moto_url)
+    await store.awrite("c", entry_dicts(0, 1), snapshot_dict("c", 1), create=True)
+    await store.aclose()
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: store.aread("c"),
+        lambda: store.aload("c"),
+        store.alist,
+        lambda: store.adelete("c"),
+        lambda: store.aobjects("c"),
+        lambda: store.awrite("c", [], snapshot_dict("c", 1)),
+        lambda: store.asweep(0),
+        store.adoctor,
+        store.__aenter__,
+    ]
+    for call in calls:
+        with pytest.raises(StoreClosedError, match=r"S3Store\('s3://.*/runs/'.* is closed"):
+            await call()
+    for sync_call in (lambda: store.sweep(0), store.doctor):
+        with pytest.raises(StoreClosedError):
+            sync_call()
+    async with S3Store(store.bucket, "runs", endpoint_url=moto_url) as other:
+        assert await other.aread("c") is not None
 
 
 # Large listings and deletes --------------------------------------------------------------------
