@@ -21,7 +21,7 @@ from alpineagents_s3 import (
     S3StoreError,
 )
 from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict
-from tests.s3.helpers import Breaks, Refuse, Stores
+from tests.s3.helpers import Breaks, Refuse, Stores, objects
 
 
 async def test_a_missing_bucket_is_named_with_what_to_do(mode: Mode, stores: Stores) -> None:
@@ -73,7 +73,13 @@ async def test_an_endpoint_without_conditional_writes_is_named(mode: Mode, store
 
 
 @pytest.mark.parametrize(
-    "error", [OSError(113, "No route to host"), TimeoutError("read timed out"), ssl.SSLError()]
+    "error",
+    [
+        OSError(113, "No route to host"),
+        TimeoutError("read timed out"),
+        ssl.SSLError(),
+        RuntimeError("an event hook failed"),  # not an OSError: what a user's hook may raise
+    ],
 )
 async def test_any_failure_of_a_call_is_the_stores_error_naming_the_key(
     mode: Mode, error: Exception, stores: Stores
@@ -125,3 +131,23 @@ async def test_a_password_in_the_endpoint_url_is_never_shown(mode: Mode, stores:
     assert not [m for m in messages if "s3cr3t" in m or "someone" in m], messages
     if mode == "sync":  # botocore names the endpoint it could not reach (aiohttp does not)
         assert all(f"***@127.0.0.1:{port}" in m for m in messages), messages
+
+
+async def test_a_process_allowed_only_to_read_and_list_reads_and_lists(
+    mode: Mode, stores: Stores
+) -> None:
+    """s3:GetObject and s3:ListBucket serve a reader (docs/s3.md, "Permissions"): a monitor
+    loads, lists and inspects; its first write is refused, naming the permission."""
+    await stores.io(mode).write("r", entry_dicts(0, 20), snapshot_dict("r", 20), create=True)
+    deny = Refuse(403, "AccessDenied")
+    refused = {
+        f"before-call.s3.{op}": deny for op in ("PutObject", "DeleteObject", "DeleteObjects")
+    }
+    reader = stores.io(mode, event_hooks=refused)
+    record = await reader.read("r")
+    assert record is not None and len(record.entries) == 20
+    assert [s.id for s in await reader.list()] == ["r"]
+    assert {o.role for o in await objects(reader, "r")} == {"head", "segment", "entry"}
+    assert deny.refused == 0
+    with pytest.raises(S3AccessDeniedError, match=r"s3:PutObject"):
+        await reader.write("r", entry_dicts(0, 21), snapshot_dict("r", 21))
