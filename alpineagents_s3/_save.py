@@ -225,10 +225,11 @@ def _save(
             raise _not_found(ctx, state_id)
         else:
             memory.settled(ctx.scope, state_id)
-            # Another head replaced the one this save replaces: this save lost, for good (its
-            # parts are named by no head, and never will be). A head further on may be a
+            # Another head replaced the one this save replaces, or the head is of another
+            # incarnation (this one was deleted): this save lost, for good (its parts are named
+            # by no head, and never will be). A head further on in this incarnation may be a
             # successor of this save's: then it is not known whether it landed.
-            lost = stored.after == replaced
+            lost = stored.after == replaced or stored.inc != head.inc
             if lost:
                 yield from _discard(ctx, list(writes))
             if create and stored.inc not in seen.unsure:  # not a create of its own

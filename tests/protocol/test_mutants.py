@@ -105,7 +105,7 @@ MUTANTS: list[tuple[str, ModuleType, str, str, dict[str, bool]]] = [
     (
         "the parts of a save that may have landed deleted (invariant 7)",
         _save,
-        "            lost = stored.after == replaced",
+        "            lost = stored.after == replaced or stored.inc != head.inc",
         "            lost = True",
         {},
     ),

@@ -13,6 +13,7 @@ import pytest
 from alpineagents import State
 from alpineagents.errors import ConcurrentWriteError, StateExistsError
 from alpineagents_s3 import S3Store
+from alpineagents_s3.testing import RequestLog
 from tests.helpers import MakeBucket, Mode, entry_dicts, snapshot_dict, tool_turn
 from tests.s3.helpers import Stores, objects
 
@@ -326,3 +327,48 @@ async def test_a_copy_from_elsewhere_must_send_its_last_stored_entry_again(
     await stores.io(mode).write("handed", entry_dicts(2, 4), snapshot_dict("handed", 4))
     record = await stores.io(mode).read("handed")
     assert record is not None and [e["seq"] for e in record.entries] == [0, 1, 2, 3]
+
+
+async def test_an_old_copy_of_a_state_deleted_and_made_again_is_refused(
+    mode: Mode, stores: Stores
+) -> None:
+    """The id deleted and made again, shorter, while an old copy still runs: the old copy's
+    save would continue past the new State's entries (invariant 6). It is refused, and the new
+    State is kept as it is."""
+    first, old = stores.io(mode), stores.io(mode)
+    await first.write("again", entry_dicts(0, 10), snapshot_dict("again", 10), create=True)
+    await old.read("again")  # the old copy's process
+    await first.delete("again")
+    await first.write("again", entry_dicts(0, 2, "new"), snapshot_dict("again", 2), create=True)
+    made_again = await stores.io(mode).read("again")
+    with pytest.raises(ConcurrentWriteError):
+        await old.write("again", entry_dicts(9, 11), snapshot_dict("again", 11))
+    assert await stores.io(mode).read("again") == made_again
+    roles = [o.role for o in await objects(first, "again")]
+    assert "unnamed" not in roles
+
+
+async def test_a_load_that_finds_a_part_packed_away_reads_the_head_again(
+    mode: Mode, stores: Stores
+) -> None:
+    """Another process's save packs the parts a load is fetching (invariant 8): the load reads
+    the head again and returns what that head names, whole."""
+    writer = stores.new()
+    writer.write("packing", entry_dicts(0, 15), snapshot_dict("packing", 15), create=True)
+    lock, done = threading.Lock(), list[bool]()
+
+    def pack_meanwhile(params: dict[str, Any], **kwargs: Any) -> None:
+        if "/states/" not in params["url"]:
+            return
+        with lock:
+            if not done:  # the 16th entry: the save packs 16 entry objects into a segment
+                writer.write("packing", entry_dicts(15, 16), snapshot_dict("packing", 16))
+                done.append(True)
+
+    log = RequestLog()
+    reader = stores.io(mode, event_hooks={"before-call.s3.GetObject": pack_meanwhile, **log.hooks})
+    record = await reader.read("packing")
+    assert done and record is not None
+    assert [e["seq"] for e in record.entries] == list(range(16))
+    heads = [r for r in log.requests if r.path.endswith("/heads/packing.json")]
+    assert len(heads) == 2  # read again after a part was gone
